@@ -1,0 +1,423 @@
+"""Strict loading: every checkpoint tensor is loaded, deliberately ignored, or an error.
+
+SGLang's ``llama_eagle3.py:LlamaForCausalLMEagle3.load_weights`` skips names it does not
+know without a word, so a speculators checkpoint whose keys it cannot map runs with random
+weights (accept length 1.00). Here one :class:`LoadPlan` decides, per checkpoint tensor, what
+happens to it, and at the end names every model parameter that nothing filled. The server's
+``load_weights`` and ``sglang-ext doctor`` both drive the same plan, so what doctor predicts is
+what the server does.
+
+Only safetensors are read: a pickle (.bin/.pt) drafter is refused with a conversion hint,
+because unpickling executes code from the checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from sglang_ext.speculators_format import DrafterSpec, KeyRule, route
+
+FLOAT_DTYPES = frozenset({"F32", "F16", "BF16"})
+INTEGER_DTYPES = frozenset({"I64", "I32"})
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+# Checkpoint tensors we read but do not load into a parameter, with the reason. Anything not
+# routed by speculators_format.KEY_TABLE and not listed here is "unexpected" (an error).
+IGNORED_TENSORS: dict[str, str] = {
+    "t2d": "target->draft vocab mask; SGLang maps draft ids with d2t (checked against t2d)",
+    "verifier_lm_head.weight": "speculators training-only copy of the target's lm_head",
+    "verifier_norm.weight": "speculators training-only copy of the target's final norm",
+}
+
+
+class DrafterLoadError(RuntimeError):
+    """The drafter's weights cannot be loaded as they are; the message lists every problem."""
+
+
+# --------------------------------------------------------------------------------------------
+# Safetensors on disk (headers only)
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    file: str
+
+
+def weight_files(directory: str | Path) -> list[Path]:
+    """The safetensors files of a drafter; refuses pickle-only checkpoints."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise DrafterLoadError(f"{directory}: not a directory")
+    files = sorted(directory.glob("*.safetensors"))
+    if files:
+        return files
+    pickles = sorted(p.name for p in directory.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    if pickles:
+        raise DrafterLoadError(
+            f"{directory}: only pickle weight files found ({', '.join(pickles)}). sglang_ext loads "
+            "drafters from safetensors only, because unpickling runs code from the checkpoint. "
+            "Convert once in a trusted environment, e.g. python -c \"import torch, "
+            "safetensors.torch as st; st.save_file(torch.load('"
+            f"{pickles[0]}', weights_only=True), 'model.safetensors')\""
+        )
+    raise DrafterLoadError(f"{directory}: no *.safetensors weight files")
+
+
+def read_safetensors_header(path: Path) -> list[TensorInfo]:
+    """Tensor names/shapes/dtypes from a safetensors header, checking the file is complete."""
+    size = path.stat().st_size
+    with path.open("rb") as handle:
+        raw_len = handle.read(8)
+        if len(raw_len) < 8:
+            raise DrafterLoadError(f"{path}: truncated safetensors file ({size} bytes, no header)")
+        (header_len,) = struct.unpack("<Q", raw_len)
+        if header_len > size - 8:
+            raise DrafterLoadError(
+                f"{path}: truncated safetensors file: header says {header_len} header bytes, "
+                f"file has {size - 8}"
+            )
+        try:
+            header = json.loads(handle.read(header_len))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise DrafterLoadError(f"{path}: corrupt safetensors header ({exc})") from exc
+    data_end = 0
+    tensors = []
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        start, end = meta["data_offsets"]
+        data_end = max(data_end, end)
+        tensors.append(TensorInfo(name, tuple(meta["shape"]), meta["dtype"], path.name))
+    expected = 8 + header_len + data_end
+    if size < expected:
+        raise DrafterLoadError(
+            f"{path}: truncated safetensors file: tensors need {expected} bytes, file has {size}"
+        )
+    return tensors
+
+
+def read_checkpoint(directory: str | Path) -> list[TensorInfo]:
+    tensors: list[TensorInfo] = []
+    for path in weight_files(directory):
+        tensors.extend(read_safetensors_header(path))
+    return tensors
+
+
+def torch_dtype_name(dtype) -> str:
+    """safetensors' dtype name for a torch dtype (the loader sees tensors, doctor headers)."""
+    name = str(dtype).removeprefix("torch.")
+    return {
+        "float32": "F32",
+        "float16": "F16",
+        "bfloat16": "BF16",
+        "int64": "I64",
+        "int32": "I32",
+        "bool": "BOOL",
+    }.get(name, name.upper())
+
+
+# --------------------------------------------------------------------------------------------
+# The expected parameters
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    shape: tuple[int, ...]  # logical (unsharded) shape
+    shards: dict | None = None  # shard id -> logical shape of that slice in the checkpoint
+    derived: str | None = None  # why no checkpoint tensor fills it (None: one must)
+
+
+def owns_embeddings(spec: DrafterSpec) -> bool:
+    """Whether the drafter's embedding table must come from its checkpoint.
+
+    speculators trains with the target's frozen embeddings unless embed_requires_grad, and
+    SGLang shares the target's table with the drafter (LlamaForCausalLM.set_embed) unless the
+    hidden sizes differ; a drafter that trained its own must keep them.
+    """
+    return spec.embed_requires_grad or (
+        spec.target_hidden_size is not None and spec.target_hidden_size != spec.hidden_size
+    )
+
+
+def expected_parameters(spec: DrafterSpec) -> dict[str, ParamSpec]:
+    """Every parameter of the plugin's drafter model for `spec`, with its source."""
+    hidden, heads, kv, hd = (
+        spec.hidden_size,
+        spec.num_attention_heads,
+        spec.num_key_value_heads,
+        spec.head_dim,
+    )
+    fc_in = spec.fc_input_hidden_size
+    params: dict[str, ParamSpec] = {}
+    embed_source = None
+    if not owns_embeddings(spec):
+        embed_source = "shared from the target at startup (SGLang set_embed)"
+        if spec.format == "speculators":
+            embed_source += "; drafter trained with embed_requires_grad=false"
+    params["model.embed_tokens.weight"] = ParamSpec((spec.vocab_size, hidden), derived=embed_source)
+    params["model.fc.weight"] = ParamSpec((hidden, spec.num_aux_hidden_states * fc_in))
+    if spec.norm_before_fc:
+        params["model.input_norm.weight"] = ParamSpec((spec.num_aux_hidden_states * fc_in,))
+    if spec.fc_norm:
+        for i in range(spec.num_aux_hidden_states):
+            params[f"model.fc_norm.{i}.weight"] = ParamSpec((fc_in,))
+    for n in range(spec.num_hidden_layers):
+        prefix = f"model.layers.{n}."
+        width = 2 * hidden if n == 0 else hidden
+        params[prefix + "self_attn.qkv_proj.weight"] = ParamSpec(
+            ((heads + 2 * kv) * hd, width),
+            shards={"q": (heads * hd, width), "k": (kv * hd, width), "v": (kv * hd, width)},
+        )
+        params[prefix + "self_attn.o_proj.weight"] = ParamSpec((hidden, heads * hd))
+        inter = spec.intermediate_size
+        params[prefix + "mlp.gate_up_proj.weight"] = ParamSpec(
+            (2 * inter, hidden), shards={0: (inter, hidden), 1: (inter, hidden)}
+        )
+        params[prefix + "mlp.down_proj.weight"] = ParamSpec((hidden, inter))
+        params[prefix + "post_attention_layernorm.weight"] = ParamSpec((hidden,))
+        params[prefix + "hidden_norm.weight"] = ParamSpec((hidden,))
+        params[prefix + "input_layernorm.weight"] = ParamSpec(
+            (hidden,),
+            derived=None
+            if n == 0
+            else "unused: SGLang's eagle3 layers >= 1 normalise their input with hidden_norm",
+        )
+        if spec.layer_type == "qwen3":
+            params[prefix + "self_attn.q_norm.weight"] = ParamSpec((hd,))
+            params[prefix + "self_attn.k_norm.weight"] = ParamSpec((hd,))
+    params["model.norm.weight"] = ParamSpec((hidden,))
+    if spec.tie_word_embeddings:
+        pass  # lm_head is model.embed_tokens
+    elif spec.draft_vocab_size is None:
+        params["lm_head.weight"] = ParamSpec(
+            (spec.vocab_size, hidden),
+            derived="taken from the target at startup (config has no draft_vocab_size)",
+        )
+    else:
+        params["lm_head.weight"] = ParamSpec((spec.draft_vocab_size, hidden))
+    return params
+
+
+# --------------------------------------------------------------------------------------------
+# The plan and its report
+
+
+@dataclass
+class TensorEntry:
+    name: str
+    status: str  # loaded | ignored | derived | missing | unexpected | shape_mismatch | dtype_mismatch
+    param: str | None = None
+    expected: str | None = None
+    found: str | None = None
+    reason: str = ""
+
+    @property
+    def is_error(self) -> bool:
+        return self.status in ("missing", "unexpected", "shape_mismatch", "dtype_mismatch")
+
+
+@dataclass
+class LoadReport:
+    source: str
+    entries: list[TensorEntry] = field(default_factory=list)
+
+    @property
+    def errors(self) -> list[str]:
+        return [self.describe(e) for e in self.entries if e.is_error]
+
+    def count(self, status: str) -> int:
+        return sum(1 for e in self.entries if e.status == status)
+
+    @staticmethod
+    def describe(entry: TensorEntry) -> str:
+        what = {
+            "missing": "missing",
+            "unexpected": "unexpected tensor",
+            "shape_mismatch": "shape mismatch",
+            "dtype_mismatch": "dtype mismatch",
+        }.get(entry.status, entry.status)
+        text = f"{entry.name}: {what}"
+        if entry.expected or entry.found:
+            text += f" (expected {entry.expected or '-'}, found {entry.found or '-'})"
+        if entry.reason:
+            text += f": {entry.reason}"
+        return text
+
+    def raise_for_errors(self) -> None:
+        errors = self.errors
+        if errors:
+            shown = "\n  - ".join(errors[:40])
+            more = f"\n  ... and {len(errors) - 40} more" if len(errors) > 40 else ""
+            raise DrafterLoadError(
+                f"drafter checkpoint {self.source} does not match the model it configures "
+                f"({len(errors)} problem(s)); refusing to serve a partly random drafter:\n"
+                f"  - {shown}{more}\nRun `sglang-ext doctor {self.source}` for the full report."
+            )
+
+    def to_json(self) -> list[dict]:
+        return [asdict(e) for e in self.entries]
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: str  # "load" | "d2t" | "skip"
+    param: str | None = None
+    shard: str | int | None = None
+
+
+def _fmt(shape, dtype=None) -> str:
+    text = "[" + ", ".join(str(d) for d in shape) + "]"
+    return f"{text} {dtype}" if dtype else text
+
+
+class LoadPlan:
+    """Routes checkpoint tensors to parameters and accounts for both sides."""
+
+    def __init__(self, spec: DrafterSpec):
+        self.spec = spec
+        self.params = expected_parameters(spec)
+        self.report = LoadReport(source=spec.source)
+        self._filled: dict[str, set] = {name: set() for name in self.params}
+        self._seen: set[str] = set()
+
+    def check_model_parameters(self, names: Iterable[str]) -> None:
+        """Fail if the SGLang model has parameters this plan does not account for (or lacks
+        ones it expects): a newer SGLang layout must not leave anything at random init."""
+        names = set(names)
+        unknown = sorted(names - set(self.params))
+        absent = sorted(set(self.params) - names)
+        if unknown or absent:
+            raise DrafterLoadError(
+                f"sglang_ext's parameter table does not match this SGLang's drafter model: "
+                f"not accounted for {unknown}, expected but absent {absent}. Upgrade sglang_ext."
+            )
+
+    def route(self, name: str, shape: tuple[int, ...], dtype: str) -> Decision:
+        spec = self.spec
+        entry = TensorEntry(name=name, status="loaded", found=_fmt(shape, dtype))
+        self.report.entries.append(entry)
+        if name in self._seen:
+            entry.status, entry.reason = "unexpected", "appears twice in the checkpoint"
+            return Decision("skip")
+        self._seen.add(name)
+
+        if name in ("d2t", "t2d"):
+            return self._vocab_mapping(entry, name, shape, dtype)
+        if name in IGNORED_TENSORS:
+            entry.status, entry.reason = "ignored", IGNORED_TENSORS[name]
+            return Decision("skip")
+
+        routed = route(name, spec.format)
+        if routed is None:
+            entry.status = "unexpected"
+            entry.reason = "no parameter of this drafter reads it"
+            return Decision("skip")
+        param, shard, rule = routed
+        entry.param = param
+        expected = self.params.get(param)
+        if expected is None:
+            entry.status = "unexpected"
+            entry.reason = self._why_not_expected(rule)
+            return Decision("skip")
+        if expected.derived is not None:
+            entry.status = "ignored"
+            entry.reason = expected.derived
+            return Decision("skip")
+        want = expected.shards[shard] if expected.shards else expected.shape
+        entry.expected = _fmt(want)
+        if dtype not in FLOAT_DTYPES:
+            entry.status = "dtype_mismatch"
+            entry.expected = _fmt(want, "F32/F16/BF16")
+            entry.reason = "quantized or integer drafter weights are not supported"
+            return Decision("skip")
+        if tuple(shape) != tuple(want):
+            entry.status = "shape_mismatch"
+            return Decision("skip")
+        self._filled[param].add(shard)
+        if rule.note:
+            entry.reason = rule.note
+        return Decision("load", param, shard)
+
+    def _why_not_expected(self, rule: KeyRule) -> str:
+        spec = self.spec
+        if rule.param == "model.input_norm.weight":
+            return "config has norm_before_fc=false, so nothing reads input_norm"
+        if "fc_norm" in rule.param:
+            return f"config has fc_norm=false or fewer than this many aux states ({spec.num_aux_hidden_states})"
+        if "q_norm" in rule.param or "k_norm" in rule.param:
+            return f"draft layers are {spec.layer_type}, which have no q_norm/k_norm"
+        if ".layers." in rule.param:
+            return f"config has {spec.num_hidden_layers} draft layer(s)"
+        return "no parameter of this drafter reads it"
+
+    def _vocab_mapping(self, entry: TensorEntry, name: str, shape, dtype) -> Decision:
+        spec = self.spec
+        if name == "d2t":
+            entry.expected = _fmt((spec.draft_vocab_size,), "I64")
+            if dtype not in INTEGER_DTYPES:
+                entry.status = "dtype_mismatch"
+                entry.reason = "d2t holds integer offsets (draft id + d2t = target id)"
+                return Decision("skip")
+            if spec.draft_vocab_size is None or tuple(shape) != (spec.draft_vocab_size,):
+                entry.status = "shape_mismatch"
+                return Decision("skip")
+            entry.param, entry.reason = "hot_token_id", "draft->target id map (draft id + d2t)"
+            return Decision("d2t")
+        entry.expected = _fmt((spec.vocab_size,), "BOOL")
+        if dtype != "BOOL":
+            entry.status = "dtype_mismatch"
+            return Decision("skip")
+        if tuple(shape) != (spec.vocab_size,):
+            entry.status = "shape_mismatch"
+            return Decision("skip")
+        entry.status, entry.reason = "ignored", IGNORED_TENSORS["t2d"]
+        return Decision("skip")
+
+    def finish(self) -> LoadReport:
+        spec = self.spec
+        for param, expected in self.params.items():
+            filled = self._filled[param]
+            if expected.derived is not None:
+                self.report.entries.append(
+                    TensorEntry(name=param, status="derived", param=param, reason=expected.derived)
+                )
+                continue
+            needed = set(expected.shards) if expected.shards else {None}
+            for shard in sorted(needed - filled, key=str):
+                shape = expected.shards[shard] if expected.shards else expected.shape
+                label = param if shard is None else f"{param}[shard {shard}]"
+                self.report.entries.append(
+                    TensorEntry(
+                        name=label,
+                        status="missing",
+                        param=param,
+                        expected=_fmt(shape),
+                        reason="no checkpoint tensor fills it; it would stay at random init",
+                    )
+                )
+        if spec.has_vocab_mapping and "d2t" not in self._seen:
+            self.report.entries.append(
+                TensorEntry(
+                    name="d2t",
+                    status="missing",
+                    expected=_fmt((spec.draft_vocab_size,), "I64"),
+                    reason=f"draft_vocab_size {spec.draft_vocab_size} < vocab_size "
+                    f"{spec.vocab_size} needs the draft->target id map",
+                )
+            )
+        return self.report
+
+
+def plan_from_checkpoint(spec: DrafterSpec, tensors: Iterable[TensorInfo]) -> LoadReport:
+    """The load report for tensors read from disk (doctor's path)."""
+    plan = LoadPlan(spec)
+    for tensor in tensors:
+        plan.route(tensor.name, tensor.shape, tensor.dtype)
+    return plan.finish()

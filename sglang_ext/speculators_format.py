@@ -1,0 +1,679 @@
+"""The speculators EAGLE-3 checkpoint format, as data: typed config, key table, aux-id conventions.
+
+speculators (0.9.0, ``speculators/models/eagle3/config.py:Eagle3SpeculatorConfig``) saves a
+drafter as a ``config.json`` with ``speculators_model_type: "eagle3"`` and no ``model_type``,
+a nested ``transformer_layer_config`` and options SGLang has no name for. This module reads
+such a directory (or an SGLang-format EAGLE-3 directory) into one typed, validated object,
+:class:`DrafterSpec`, once, and derives from it everything else: the config SGLang sees, the
+checkpoint-key table, the aux layers the target must capture.
+
+Nothing here imports SGLang or torch, so ``sglang-ext doctor`` runs anywhere. Config files are
+parsed as JSON data: the ``config.py`` that speculators writes beside ``config.json`` (with
+``auto_map``) is never imported.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+SPECULATORS_ARCHITECTURES = ("Eagle3DraftModel", "Eagle3Speculator")
+SGLANG_EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3DeepseekV2ForCausalLM")
+SUPPORTED_LAYER_TYPES = ("llama", "qwen3")
+
+# Keys of speculators' transformer_layer_config that SGLang must not see: SGLang's ModelConfig
+# reads `layer_types`/`sliding_window` as "this is a hybrid-SWA model" and would size the draft
+# KV pool differently. The window is applied by our drafter class instead (see
+# DrafterSpec.sglang_window_size).
+_LAYER_KEYS_HIDDEN_FROM_SGLANG = frozenset(
+    {
+        "layer_types",
+        "sliding_window",
+        "use_sliding_window",
+        "max_window_layers",
+        "model_type",
+        "architectures",
+        "auto_map",
+        "_attn_implementation",
+        "transformers_version",
+    }
+)
+
+
+class DrafterConfigError(ValueError):
+    """A drafter or target config that cannot be served; the message says where and why."""
+
+
+# --------------------------------------------------------------------------------------------
+# Small readers
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """Parse a JSON file as data, with an error that names the file."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError as exc:
+        raise DrafterConfigError(f"{path}: file not found") from exc
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DrafterConfigError(f"{path}: not valid JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise DrafterConfigError(f"{path}: expected a JSON object, found {type(data).__name__}")
+    return data
+
+
+def config_path(path: str | Path) -> Path:
+    """Accept a model directory or a bare config.json."""
+    path = Path(path)
+    return path / "config.json" if path.is_dir() else path
+
+
+def is_speculators_config(config: Mapping[str, Any]) -> bool:
+    return "speculators_model_type" in config
+
+
+def is_speculators_dir(path: str | Path) -> bool:
+    """True when `path` holds a speculators-format config.json (cheap: one small JSON read)."""
+    cfg = config_path(path)
+    if not cfg.is_file():
+        return False
+    try:
+        return is_speculators_config(json.loads(cfg.read_text()))
+    except (OSError, json.JSONDecodeError):
+        return False
+
+
+def _require(config: Mapping[str, Any], key: str, kind: type | tuple, where: str) -> Any:
+    if key not in config or config[key] is None:
+        raise DrafterConfigError(f"{where}: required field '{key}' is missing")
+    value = config[key]
+    if isinstance(value, bool) and kind in (int, float):
+        raise DrafterConfigError(f"{where}: field '{key}' must be {kind.__name__}, found {value!r}")
+    if not isinstance(value, kind):
+        names = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
+        raise DrafterConfigError(
+            f"{where}: field '{key}' must be {names}, found {type(value).__name__} {value!r}"
+        )
+    return value
+
+
+def _flag(config: Mapping[str, Any], key: str, where: str, default: bool = False) -> bool:
+    value = config.get(key, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise DrafterConfigError(f"{where}: field '{key}' must be true/false, found {value!r}")
+    return value
+
+
+# --------------------------------------------------------------------------------------------
+# The target
+
+
+@dataclass(frozen=True)
+class TargetInfo:
+    """What the drafter needs to know about the target model, read from its config.json."""
+
+    path: str
+    architecture: str
+    model_type: str
+    num_hidden_layers: int
+    hidden_size: int
+    vocab_size: int
+
+    @classmethod
+    def from_path(cls, path: str | Path) -> TargetInfo:
+        cfg_file = config_path(path)
+        config = read_json(cfg_file)
+        where = str(cfg_file)
+        # Multimodal targets (Kimi-K2.5, Qwen3-VL) keep the language model in text_config.
+        text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+        archs = config.get("architectures") or text.get("architectures") or ["<unknown>"]
+        return cls(
+            path=str(path),
+            architecture=str(archs[0]),
+            model_type=str(text.get("model_type") or config.get("model_type") or "<unknown>"),
+            num_hidden_layers=_require(text, "num_hidden_layers", int, where),
+            hidden_size=_require(text, "hidden_size", int, where),
+            vocab_size=_require(text, "vocab_size", int, where),
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Aux-id conventions
+#
+# speculators and vLLM name an aux layer by the hidden state ENTERING decoder layer k (HF
+# `output_hidden_states[k]`; speculators/models/utils.py:resolve_target_layer_ids allows
+# 0..num_layers). SGLang's targets take ids through `set_eagle3_layers_to_capture` and capture
+# the state entering layer `layers_to_capture[j]`, with a per-class rule for turning ids into
+# `layers_to_capture`:
+#   llama.py, qwen2.py, qwen3.py, ...:            layers_to_capture = [id + 1 for id in ids]
+#   deepseek_v2.py (DeepseekV2/V3, Kimi-K2.x):    +1 only when ids[0] == 1, else ids as given
+# The table below is the only place that knows which class follows which rule.
+
+CaptureRule = Literal["plus_one", "plus_one_if_first_is_one"]
+
+CAPTURE_RULE_BY_TARGET_MODULE: dict[str, CaptureRule] = {
+    "sglang.srt.models.deepseek_v2": "plus_one_if_first_is_one",
+}
+CAPTURE_RULE_BY_TARGET_MODEL_TYPE: dict[str, CaptureRule] = {
+    "deepseek_v2": "plus_one_if_first_is_one",
+    "deepseek_v3": "plus_one_if_first_is_one",
+    "kimi_k2": "plus_one_if_first_is_one",
+    "kimi_k25": "plus_one_if_first_is_one",
+}
+DEFAULT_CAPTURE_RULE: CaptureRule = "plus_one"
+
+
+def capture_rule_for(model_type: str | None = None, module: str | None = None) -> CaptureRule:
+    if module is not None and module in CAPTURE_RULE_BY_TARGET_MODULE:
+        return CAPTURE_RULE_BY_TARGET_MODULE[module]
+    if model_type is not None and model_type in CAPTURE_RULE_BY_TARGET_MODEL_TYPE:
+        return CAPTURE_RULE_BY_TARGET_MODEL_TYPE[model_type]
+    return DEFAULT_CAPTURE_RULE
+
+
+def sglang_default_capture(num_layers: int) -> list[int]:
+    """What SGLang's targets capture when the drafter names no ids (llama.py, deepseek_v2.py)."""
+    return [2, num_layers // 2, num_layers - 3]
+
+
+def captured_layers_from_sglang_ids(ids: list[int] | None, rule: CaptureRule, num_layers: int):
+    """The `layers_to_capture` an SGLang target derives from eagle_config ids (None = default)."""
+    if ids is None:
+        return sglang_default_capture(num_layers)
+    if rule == "plus_one" or (ids and ids[0] == 1):
+        return [i + 1 for i in ids]
+    return list(ids)
+
+
+def sglang_ids_for_capture(captured: list[int], rule: CaptureRule) -> list[int]:
+    """Inverse of captured_layers_from_sglang_ids: ids that make the target capture `captured`."""
+    if rule == "plus_one":
+        return [k - 1 for k in captured]
+    if captured and captured[0] == 2:
+        return [k - 1 for k in captured]  # first id becomes 1, which triggers the +1
+    if captured and captured[0] == 1:
+        raise DrafterConfigError(
+            "this target's SGLang class (deepseek_v2.py: +1 only when the first id is 1) cannot "
+            f"be asked to capture {captured}: a first aux layer of 1 (the output of decoder "
+            "layer 0) is not expressible. Retrain with a different first aux layer id."
+        )
+    return list(captured)
+
+
+def check_capture(captured: list[int], num_aux: int, num_layers: int, source: str) -> list[str]:
+    """Problems with a capture list, as sentences; empty when it feeds the drafter's fc."""
+    problems = []
+    distinct = sorted(set(captured))
+    if len(distinct) != len(captured):
+        problems.append(
+            f"{source}: aux layer ids collapse to {len(distinct)} distinct layers {distinct} "
+            f"(from {captured}); the drafter's fc expects {num_aux}"
+        )
+    out = [k for k in captured if k < 0 or k >= num_layers]
+    if out:
+        problems.append(
+            f"{source}: aux layers {out} are outside the target's {num_layers} decoder layers "
+            f"(valid: the state entering layer 0..{num_layers - 1}); they would never be captured"
+        )
+    if len(captured) != num_aux:
+        problems.append(
+            f"{source}: {len(captured)} aux layers {captured} but the drafter's fc expects "
+            f"{num_aux}"
+        )
+    return problems
+
+
+# --------------------------------------------------------------------------------------------
+# The typed drafter config
+
+
+@dataclass(frozen=True)
+class DrafterSpec:
+    """One drafter, either format, validated once. Field names follow speculators'."""
+
+    format: Literal["speculators", "sglang"]
+    source: str
+    architecture: str
+    layer_type: Literal["llama", "qwen3"]
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    draft_vocab_size: int | None  # None: SGLang format without a draft head (lm_head from target)
+    target_hidden_size: int | None
+    # Aux ids as written in the checkpoint, in the convention named by aux_id_convention.
+    aux_hidden_state_layer_ids: tuple[int, ...] | None
+    aux_id_convention: Literal["speculators", "sglang"]
+    num_aux_hidden_states: int
+    norm_before_residual: bool = False
+    norm_before_fc: bool = False
+    fc_norm: bool = False
+    norm_output: bool = False
+    embed_requires_grad: bool = False
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    layer_types: tuple[str, ...] = ()
+    sliding_window: int | None = None
+    speculative_tokens: int | None = None
+    verifier_name_or_path: str | None = None
+    dtype: str | None = None
+    layer_config: dict = field(default_factory=dict, compare=False, repr=False)
+
+    # -- derived facts -------------------------------------------------------------------
+
+    @property
+    def fc_input_hidden_size(self) -> int:
+        return self.target_hidden_size or self.hidden_size
+
+    @property
+    def expected_target_feature_width(self) -> int:
+        return self.num_aux_hidden_states * self.fc_input_hidden_size
+
+    @property
+    def has_vocab_mapping(self) -> bool:
+        return self.draft_vocab_size is not None and self.draft_vocab_size != self.vocab_size
+
+    @property
+    def sliding_layers(self) -> tuple[int, ...]:
+        return tuple(i for i, t in enumerate(self.layer_types) if t == "sliding_attention")
+
+    def sglang_window_size(self) -> int | None:
+        """The window in SGLang's convention, or None for full attention everywhere.
+
+        speculators masks `kv_idx > q_idx - sliding_window` (models/eagle3/attention.py:
+        create_combined_mask_mod), i.e. `sliding_window` keys including the query's own;
+        SGLang's attention backends keep `sliding_window_size + 1` keys (window_left), the
+        convention its Gemma/Mistral models follow by passing `sliding_window - 1`.
+        """
+        if not self.sliding_layers or self.sliding_window is None:
+            return None
+        return self.sliding_window - 1
+
+    def captured_layers(self, target: TargetInfo) -> list[int]:
+        """Target layers (state entering layer k) whose hidden states this drafter consumes."""
+        ids = list(self.aux_hidden_state_layer_ids) if self.aux_hidden_state_layer_ids else None
+        if self.aux_id_convention == "speculators":
+            if ids is None:  # speculators resolves the default against the verifier
+                ids = sglang_default_capture(target.num_hidden_layers)
+            return ids
+        rule = capture_rule_for(model_type=target.model_type)
+        return captured_layers_from_sglang_ids(ids, rule, target.num_hidden_layers)
+
+    def capture_problems(self, target: TargetInfo) -> list[str]:
+        captured = self.captured_layers(target)
+        problems = check_capture(
+            captured, self.num_aux_hidden_states, target.num_hidden_layers, "aux layers"
+        )
+        if self.aux_id_convention == "speculators" and target.num_hidden_layers in captured:
+            problems.append(
+                f"aux layer id {target.num_hidden_layers} names the target's final hidden state "
+                "(after its last decoder layer); SGLang's targets only capture states entering "
+                "a decoder layer, so this drafter cannot be served by SGLang"
+            )
+        if self.aux_id_convention == "speculators" and not problems:
+            try:
+                sglang_ids_for_capture(captured, capture_rule_for(model_type=target.model_type))
+            except DrafterConfigError as exc:
+                problems.append(str(exc))
+        return problems
+
+    def target_problems(self, target: TargetInfo) -> list[str]:
+        """Hidden size, vocab and layer-count checks against a target."""
+        problems = []
+        if self.fc_input_hidden_size != target.hidden_size:
+            field_name = "target_hidden_size" if self.target_hidden_size else "hidden_size"
+            problems.append(
+                f"drafter {field_name} is {self.fc_input_hidden_size} but the target's "
+                f"hidden_size is {target.hidden_size}: the drafter was trained for another target"
+            )
+        if self.vocab_size != target.vocab_size:
+            problems.append(
+                f"drafter vocab_size is {self.vocab_size} but the target's is "
+                f"{target.vocab_size}: the drafter was trained for another tokenizer"
+            )
+        problems.extend(self.capture_problems(target))
+        return problems
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("layer_config")
+        return data
+
+
+def load_drafter_spec(path: str | Path) -> DrafterSpec:
+    """Read a drafter directory (or its config.json) in either format."""
+    cfg_file = config_path(path)
+    config = read_json(cfg_file)
+    if is_speculators_config(config):
+        return _speculators_spec(config, cfg_file)
+    return _sglang_spec(config, cfg_file)
+
+
+def _layer_geometry(layer: Mapping[str, Any], where: str) -> dict[str, int]:
+    hidden = _require(layer, "hidden_size", int, where)
+    heads = _require(layer, "num_attention_heads", int, where)
+    head_dim = layer.get("head_dim") or hidden // heads
+    return {
+        "hidden_size": hidden,
+        "num_hidden_layers": _require(layer, "num_hidden_layers", int, where),
+        "num_attention_heads": heads,
+        "num_key_value_heads": layer.get("num_key_value_heads") or heads,
+        "head_dim": int(head_dim),
+        "intermediate_size": _require(layer, "intermediate_size", int, where),
+        "vocab_size": _require(layer, "vocab_size", int, where),
+    }
+
+
+def _aux_ids(value: Any, where: str, key: str) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value
+    ):
+        raise DrafterConfigError(f"{where}: field '{key}' must be a list of integers, found {value!r}")
+    if not value:
+        raise DrafterConfigError(f"{where}: field '{key}' is an empty list")
+    return tuple(value)
+
+
+def _speculators_spec(config: Mapping[str, Any], cfg_file: Path) -> DrafterSpec:
+    where = str(cfg_file)
+    kind = config["speculators_model_type"]
+    if kind != "eagle3":
+        raise DrafterConfigError(
+            f"{where}: speculators_model_type is {kind!r}; only 'eagle3' drafters are served by "
+            "SGLang's EAGLE-3 path"
+        )
+    archs = config.get("architectures") or ["Eagle3Speculator"]
+    if archs[0] not in SPECULATORS_ARCHITECTURES:
+        raise DrafterConfigError(
+            f"{where}: architectures is {archs}; expected one of {list(SPECULATORS_ARCHITECTURES)}"
+        )
+    layer = _require(config, "transformer_layer_config", dict, where)
+    layer_where = f"{where}: transformer_layer_config"
+    layer_type = layer.get("model_type", "qwen3")  # speculators' default layer config is Qwen3
+    if layer_type not in SUPPORTED_LAYER_TYPES:
+        raise DrafterConfigError(
+            f"{layer_where}: model_type {layer_type!r} is not supported; supported draft layer "
+            f"types: {list(SUPPORTED_LAYER_TYPES)}"
+        )
+    geometry = _layer_geometry(layer, layer_where)
+    draft_vocab = _require(config, "draft_vocab_size", int, where)
+    if draft_vocab > geometry["vocab_size"]:
+        raise DrafterConfigError(
+            f"{where}: draft_vocab_size {draft_vocab} exceeds the vocab_size "
+            f"{geometry['vocab_size']} of transformer_layer_config"
+        )
+    norm_before_fc = _flag(config, "norm_before_fc", where)
+    fc_norm = _flag(config, "fc_norm", where)
+    if norm_before_fc and fc_norm:
+        raise DrafterConfigError(
+            f"{where}: norm_before_fc and fc_norm are both true; speculators treats them as "
+            "mutually exclusive (models/eagle3/config.py:_check_norm_flags)"
+        )
+    aux = _aux_ids(
+        config.get("eagle_aux_hidden_state_layer_ids"), where, "eagle_aux_hidden_state_layer_ids"
+    )
+    layer_types, window = _sliding_window(layer, geometry["num_hidden_layers"], layer_where)
+    target_hidden = config.get("target_hidden_size")
+    if target_hidden is not None and (not isinstance(target_hidden, int) or target_hidden <= 0):
+        raise DrafterConfigError(f"{where}: target_hidden_size must be a positive integer")
+    proposals = (config.get("speculators_config") or {}).get("proposal_methods") or [{}]
+    verifier = (config.get("speculators_config") or {}).get("verifier") or {}
+    return DrafterSpec(
+        format="speculators",
+        source=str(cfg_file.parent),
+        architecture=archs[0],
+        layer_type=layer_type,
+        **geometry,
+        draft_vocab_size=draft_vocab,
+        target_hidden_size=target_hidden,
+        aux_hidden_state_layer_ids=aux,
+        aux_id_convention="speculators",
+        num_aux_hidden_states=len(aux) if aux else 3,
+        norm_before_residual=_flag(config, "norm_before_residual", where),
+        norm_before_fc=norm_before_fc,
+        fc_norm=fc_norm,
+        norm_output=_flag(config, "norm_output", where),
+        embed_requires_grad=_flag(config, "embed_requires_grad", where),
+        tie_word_embeddings=False,  # speculators always saves its own lm_head
+        attention_bias=_flag(layer, "attention_bias", layer_where),
+        layer_types=layer_types,
+        sliding_window=window,
+        speculative_tokens=proposals[0].get("speculative_tokens"),
+        verifier_name_or_path=verifier.get("name_or_path"),
+        dtype=config.get("dtype") or config.get("torch_dtype"),
+        layer_config=dict(layer),
+    )
+
+
+def _sliding_window(layer: Mapping[str, Any], num_layers: int, where: str):
+    layer_types = layer.get("layer_types") or []
+    if layer_types and len(layer_types) != num_layers:
+        raise DrafterConfigError(
+            f"{where}: layer_types has {len(layer_types)} entries for {num_layers} layers"
+        )
+    unknown = sorted(set(layer_types) - {"full_attention", "sliding_attention"})
+    if unknown:
+        raise DrafterConfigError(f"{where}: unknown layer_types {unknown}")
+    window = layer.get("sliding_window")
+    if "sliding_attention" in layer_types and not (isinstance(window, int) and window > 0):
+        raise DrafterConfigError(
+            f"{where}: layer_types has sliding_attention layers but sliding_window is {window!r}"
+        )
+    return tuple(layer_types), (window if "sliding_attention" in layer_types else None)
+
+
+def _sglang_spec(config: Mapping[str, Any], cfg_file: Path) -> DrafterSpec:
+    where = str(cfg_file)
+    archs = config.get("architectures") or []
+    if not archs or archs[0] not in SGLANG_EAGLE3_ARCHITECTURES:
+        raise DrafterConfigError(
+            f"{where}: not an EAGLE-3 drafter: no 'speculators_model_type' and architectures is "
+            f"{archs} (expected one of {list(SGLANG_EAGLE3_ARCHITECTURES)} or a speculators "
+            "config)"
+        )
+    geometry = _layer_geometry(config, where)
+    eagle = config.get("eagle_config") or {}
+    aux = _aux_ids(eagle.get("eagle_aux_hidden_state_layer_ids"), where,
+                   "eagle_config.eagle_aux_hidden_state_layer_ids")
+    num_aux = config.get("num_aux_hidden_states") or (len(aux) if aux else 3)
+    return DrafterSpec(
+        format="sglang",
+        source=str(cfg_file.parent),
+        architecture=archs[0],
+        layer_type="llama",
+        **geometry,
+        draft_vocab_size=config.get("draft_vocab_size"),
+        target_hidden_size=config.get("target_hidden_size"),
+        aux_hidden_state_layer_ids=aux,
+        aux_id_convention="sglang",
+        num_aux_hidden_states=int(num_aux),
+        norm_before_residual=False,
+        norm_before_fc=bool(eagle.get("norm_before_fc", config.get("norm_before_fc", False))),
+        fc_norm=bool(config.get("fc_norm") or config.get("use_aux_norm")),
+        norm_output=bool(config.get("norm_output", False)),
+        embed_requires_grad=False,
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        attention_bias=False,
+        dtype=config.get("dtype") or config.get("torch_dtype"),
+        layer_config=dict(config),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# The config SGLang sees
+
+SPEC_ATTRIBUTE = "sglang_ext_spec"
+
+
+def sglang_config_dict(spec: DrafterSpec) -> dict[str, Any]:
+    """The flat, SGLang-style config for a speculators drafter, as a dict.
+
+    Layer geometry comes from transformer_layer_config; speculators' top-level options keep
+    their names where SGLang already reads them (norm_before_fc, fc_norm, norm_output,
+    target_hidden_size, draft_vocab_size, eagle_config) and the full typed spec rides along as
+    `sglang_ext_spec` for our drafter class. Aux ids stay in speculators' convention, marked
+    as such: our capture hook converts them for the target's class (sglang_ids_for_capture).
+    """
+    if spec.format != "speculators":
+        raise ValueError("sglang_config_dict translates speculators drafters only")
+    config = {k: v for k, v in spec.layer_config.items() if k not in _LAYER_KEYS_HIDDEN_FROM_SGLANG}
+    config.update(
+        model_type="llama",
+        architectures=[spec.architecture],
+        num_aux_hidden_states=spec.num_aux_hidden_states,
+        draft_vocab_size=spec.draft_vocab_size,
+        norm_before_fc=spec.norm_before_fc,
+        fc_norm=spec.fc_norm,
+        norm_output=spec.norm_output,
+        tie_word_embeddings=False,
+        head_dim=spec.head_dim,
+        eagle_config={
+            "use_aux_hidden_state": True,
+            "norm_before_fc": spec.norm_before_fc,
+            "eagle_aux_hidden_state_layer_ids": (
+                list(spec.aux_hidden_state_layer_ids)
+                if spec.aux_hidden_state_layer_ids
+                else None
+            ),
+            "aux_id_convention": "speculators",
+        },
+    )
+    if spec.target_hidden_size is not None:
+        config["target_hidden_size"] = spec.target_hidden_size
+    if spec.dtype is not None:
+        config["torch_dtype"] = spec.dtype
+    config[SPEC_ATTRIBUTE] = spec.to_json()
+    return config
+
+
+def to_sglang_config(spec: DrafterSpec):
+    """A transformers LlamaConfig carrying the translated config (what get_config returns)."""
+    from transformers import LlamaConfig
+
+    data = sglang_config_dict(spec)
+    data.pop("model_type")
+    config = LlamaConfig(**data)
+    config._name_or_path = spec.source
+    return config
+
+
+def spec_from_hf_config(config) -> DrafterSpec | None:
+    """The DrafterSpec our translation attached to an SGLang-side config, if any."""
+    data = getattr(config, SPEC_ATTRIBUTE, None)
+    if not data:
+        return None
+    data = dict(data)
+    for key in ("aux_hidden_state_layer_ids", "layer_types"):
+        if data.get(key) is not None:
+            data[key] = tuple(data[key])
+    return DrafterSpec(**data)
+
+
+# --------------------------------------------------------------------------------------------
+# The checkpoint-key table
+#
+# One rule per line: a regex over checkpoint names, the model parameter it fills (with the
+# stacked shard id SGLang's weight loaders take), and for which formats it applies. Layers are
+# numbered with {n}; the function expands `first`/`rest` for layer 0 and layers >= 1.
+
+
+@dataclass(frozen=True)
+class KeyRule:
+    pattern: str  # checkpoint name; {n} = layer index
+    param: str  # model parameter; {n} = layer index
+    shard: str | int | None = None
+    layers: Literal["any", "first", "rest"] = "any"
+    formats: tuple[str, ...] = ("speculators", "sglang")
+    note: str = ""
+
+
+KEY_TABLE: tuple[KeyRule, ...] = (
+    KeyRule("fc.weight", "model.fc.weight"),
+    KeyRule("input_norm.weight", "model.input_norm.weight", note="norm_before_fc"),
+    KeyRule("fc_norm.{n}.weight", "model.fc_norm.{n}.weight", note="fc_norm (per aux state)"),
+    KeyRule("norm.weight", "model.norm.weight"),
+    KeyRule("lm_head.weight", "lm_head.weight"),
+    KeyRule("embed_tokens.weight", "model.embed_tokens.weight"),
+    KeyRule("layers.{n}.self_attn.q_proj.weight", "model.layers.{n}.self_attn.qkv_proj.weight", "q"),
+    KeyRule("layers.{n}.self_attn.k_proj.weight", "model.layers.{n}.self_attn.qkv_proj.weight", "k"),
+    KeyRule("layers.{n}.self_attn.v_proj.weight", "model.layers.{n}.self_attn.qkv_proj.weight", "v"),
+    KeyRule("layers.{n}.self_attn.o_proj.weight", "model.layers.{n}.self_attn.o_proj.weight"),
+    KeyRule("layers.{n}.self_attn.q_norm.weight", "model.layers.{n}.self_attn.q_norm.weight",
+            formats=("speculators",), note="qwen3 draft layers"),
+    KeyRule("layers.{n}.self_attn.k_norm.weight", "model.layers.{n}.self_attn.k_norm.weight",
+            formats=("speculators",), note="qwen3 draft layers"),
+    KeyRule("layers.{n}.mlp.gate_proj.weight", "model.layers.{n}.mlp.gate_up_proj.weight", 0),
+    KeyRule("layers.{n}.mlp.up_proj.weight", "model.layers.{n}.mlp.gate_up_proj.weight", 1),
+    KeyRule("layers.{n}.mlp.down_proj.weight", "model.layers.{n}.mlp.down_proj.weight"),
+    KeyRule("layers.{n}.post_attention_layernorm.weight",
+            "model.layers.{n}.post_attention_layernorm.weight"),
+    KeyRule("layers.{n}.hidden_norm.weight", "model.layers.{n}.hidden_norm.weight",
+            layers="first", formats=("speculators",)),
+    KeyRule("layers.{n}.input_layernorm.weight", "model.layers.{n}.input_layernorm.weight",
+            layers="first", formats=("speculators",), note="normalises the token embeddings"),
+    # speculators' layers >= 1 are ordinary decoder layers: they normalise their input with
+    # input_layernorm. SGLang's eagle3 layers >= 1 fuse that add+norm into `hidden_norm`.
+    KeyRule("layers.{n}.input_layernorm.weight", "model.layers.{n}.hidden_norm.weight",
+            layers="rest", formats=("speculators",),
+            note="speculators layers >= 1 normalise with input_layernorm; SGLang names it "
+                 "hidden_norm"),
+    KeyRule("layers.{n}.hidden_norm.weight", "model.layers.{n}.hidden_norm.weight",
+            formats=("sglang",)),
+    KeyRule("layers.{n}.input_layernorm.weight", "model.layers.{n}.input_layernorm.weight",
+            formats=("sglang",)),
+)
+
+# SGLang-format dialect renames (llama_eagle3.py:load_weights legacy_name_map), as data.
+SGLANG_LEGACY_PREFIXES: tuple[tuple[str, str], ...] = (
+    ("midlayer.", "layers.0."),
+    ("aux_norm_low.", "fc_norm.0."),
+    ("aux_norm_mid.", "fc_norm.1."),
+    ("aux_norm_high.", "fc_norm.2."),
+)
+
+
+def _compile(rule: KeyRule) -> re.Pattern:
+    return re.compile("^" + re.escape(rule.pattern).replace(r"\{n\}", r"(?P<n>\d+)") + "$")
+
+
+_COMPILED = tuple((rule, _compile(rule)) for rule in KEY_TABLE)
+
+
+def canonical_checkpoint_name(name: str, fmt: str) -> str:
+    """Strip SGLang-dialect prefixes (`model.`, `midlayer.`) to the table's names."""
+    if fmt == "sglang":
+        if name.startswith("model."):
+            name = name[len("model."):]
+        for old, new in SGLANG_LEGACY_PREFIXES:
+            if name.startswith(old):
+                name = new + name[len(old):]
+    return name
+
+
+def route(name: str, fmt: str) -> tuple[str, str | int | None, KeyRule] | None:
+    """The (model parameter, shard id, rule) a checkpoint tensor fills, or None if no rule."""
+    canonical = canonical_checkpoint_name(name, fmt)
+    for rule, regex in _COMPILED:
+        if fmt not in rule.formats:
+            continue
+        match = regex.match(canonical)
+        if not match:
+            continue
+        n = match.groupdict().get("n")
+        if n is not None and rule.layers != "any" and "layers." in rule.pattern:
+            if (rule.layers == "first") != (int(n) == 0):
+                continue
+        return rule.param.replace("{n}", n) if n is not None else rule.param, rule.shard, rule
+    return None
