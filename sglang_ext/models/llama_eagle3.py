@@ -1,0 +1,233 @@
+"""EAGLE-3 drafter with Llama/Qwen3 layers: SGLang's class, speculators' math, strict loading.
+
+Subclasses ``sglang.srt.models.llama_eagle3.LlamaForCausalLMEagle3`` and overrides only what
+differs:
+
+- ``LlamaModel.forward``: fusion decided by the forward mode (``sglang_ext.fusion``);
+- the first decoder layer's forward: speculators' ``norm_before_residual``
+  (``speculators/models/eagle3/model_definitions.py:Eagle3FirstLayerMixin.forward``);
+- the attention's q/k projection prep: per-head ``q_norm``/``k_norm`` for qwen3 draft layers;
+- per-layer sliding window from ``layer_types``/``sliding_window``;
+- ``set_embed``: a drafter that trained its own embeddings keeps them;
+- ``load_weights``: every tensor loaded, ignored for a stated reason, or an error
+  (``sglang_ext.loading``).
+
+SGLang's constructors name their submodule classes directly (``LlamaModel(...)``,
+``LlamaDecoderLayer(...)``), so the overrides are applied by re-classing the modules SGLang
+built (``module.__class__ = Subclass``); the subclasses add no parameters of SGLang's own, so
+nothing is allocated twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+import torch
+from sglang.srt.layers.layernorm import RMSNorm
+from sglang.srt.model_loader.weight_utils import default_weight_loader
+from sglang.srt.models import llama_eagle3 as upstream
+from sglang.srt.models.llama import LlamaAttention
+
+from sglang_ext import compat
+from sglang_ext.fusion import FusionPolicy, check_algorithm
+from sglang_ext.loading import DrafterLoadError, LoadPlan, torch_dtype_name
+from sglang_ext.speculators_format import (
+    DrafterSpec,
+    _sglang_spec,
+    config_path,
+    spec_from_hf_config,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def token_embeddings(embed_tokens, input_ids, forward_batch, input_embeds):
+    """Token embeddings as SGLang's eagle3 drafters take them (multimodal targets hand over
+    their own embeddings for image positions and the drafter embeds only the newest token)."""
+    if input_embeds is not None:
+        return input_embeds
+    embeds = forward_batch.mm_input_embeds
+    if embeds is None:
+        return embed_tokens(input_ids)
+    mode = forward_batch.forward_mode
+    if mode.is_extend() and forward_batch.contains_mm_inputs() and not mode.is_draft_extend_v2():
+        newest = (forward_batch.extend_start_loc + forward_batch.extend_seq_lens - 1).long()
+        embeds[newest] = embed_tokens(input_ids[newest])
+    return embeds
+
+
+class Eagle3Model(upstream.LlamaModel):
+    """SGLang's eagle3 LlamaModel with the fusion decided by `self.fusion` (a FusionPolicy)."""
+
+    fusion: FusionPolicy
+
+    def fuse_target_features(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if self.input_norm is not None:  # speculators norm_before_fc
+            hidden_states = self.input_norm(hidden_states)
+        if self.fc_norm is not None:  # speculators fc_norm (Eagle 3.1)
+            chunks = hidden_states.chunk(self.num_aux_hidden_states, dim=-1)
+            hidden_states = torch.cat([norm(c) for norm, c in zip(self.fc_norm, chunks)], dim=-1)
+        return self.fc(hidden_states)
+
+    def forward(self, input_ids, positions, forward_batch, input_embeds=None, pp_proxy_tensors=None):
+        embeds = token_embeddings(self.embed_tokens, input_ids, forward_batch, input_embeds)
+        if self.is_mrope_enabled:
+            positions = forward_batch.mrope_positions
+        hidden_states = forward_batch.spec_info.hidden_states
+        if self.fusion.applies(forward_batch.forward_mode, hidden_states.shape[-1]):
+            hidden_states = self.fuse_target_features(hidden_states)
+        if hidden_states.shape[0] == 0:
+            return hidden_states, [hidden_states]
+        residual = None
+        for layer in self.layers:
+            hidden_states, residual = layer(positions, embeds, hidden_states, forward_batch, residual)
+        normed, pre_norm = self.norm(hidden_states, residual)
+        # The state fed to the next draft step: post-norm with speculators' norm_output.
+        return normed, [normed if self.norm_output else pre_norm]
+
+
+class Eagle3DecoderLayer(upstream.LlamaDecoderLayer):
+    """SGLang's eagle3 decoder layer with speculators' `norm_before_residual` on layer 0."""
+
+    norm_before_residual: bool = False
+
+    def forward(self, positions, embeds, hidden_states, forward_batch, residual):
+        if not (self.is_input_layer and self.norm_before_residual):
+            return super().forward(positions, embeds, hidden_states, forward_batch, residual)
+        # speculators Eagle3FirstLayerMixin.forward with norm_before_residual=True: the residual
+        # stream starts from the normalised target features, not the raw ones.
+        hidden_states = self.hidden_norm(hidden_states)
+        residual = hidden_states
+        attn_input = torch.cat([self.input_layernorm(embeds), hidden_states], dim=-1)
+        hidden_states = self.self_attn(
+            positions=positions, hidden_states=attn_input, forward_batch=forward_batch
+        )
+        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+        return self.mlp(hidden_states), residual
+
+
+class QKNormLlamaAttention(LlamaAttention):
+    """LlamaAttention plus Qwen3's per-head RMSNorm of q and k before rotary embedding."""
+
+    def forward_prepare_native(self, positions, hidden_states):
+        qkv, _ = self.qkv_proj(hidden_states)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = self.q_norm(q.reshape(-1, self.head_dim)).view(q.shape)
+        k = self.k_norm(k.reshape(-1, self.head_dim)).view(k.shape)
+        q, k = self.rotary_emb(positions, q, k)
+        return q, k, v
+
+
+def drafter_spec_for(config) -> DrafterSpec:
+    """The typed spec: attached by our config translation, or read from an SGLang config."""
+    spec = spec_from_hf_config(config)
+    if spec is not None:
+        return spec
+    source = getattr(config, "_name_or_path", "") or "<drafter>"
+    return _sglang_spec(config.to_dict(), config_path(source) if source else config_path("."))
+
+
+class LlamaForCausalLMEagle3(upstream.LlamaForCausalLMEagle3):
+    """SGLang's EAGLE-3 drafter, loading speculators checkpoints natively and strictly."""
+
+    def __init__(self, config, quant_config=None, prefix: str = "") -> None:
+        spec = drafter_spec_for(config)
+        args = compat.server_args()
+        check_algorithm(getattr(args, "speculative_algorithm", None), spec.source)
+        super().__init__(config, quant_config=quant_config, prefix=prefix)
+        self.spec = spec
+        self.model.__class__ = Eagle3Model
+        self.model.fusion = FusionPolicy.for_spec(spec)
+        for layer in self.model.layers:
+            layer.__class__ = Eagle3DecoderLayer
+            layer.norm_before_residual = spec.norm_before_residual
+            if spec.layer_type == "qwen3":
+                self._add_qk_norm(layer.self_attn, config.rms_norm_eps)
+        self._apply_sliding_window(spec)
+        self.load_plan = LoadPlan(spec)
+        self.load_plan.check_model_parameters(name for name, _ in self.named_parameters())
+        logger.info(
+            "sglang_ext: EAGLE-3 drafter %s (%s format, %d %s layer(s), norm_before_residual=%s, "
+            "window=%s)",
+            spec.source,
+            spec.format,
+            spec.num_hidden_layers,
+            spec.layer_type,
+            spec.norm_before_residual,
+            spec.sglang_window_size(),
+        )
+
+    @staticmethod
+    def _add_qk_norm(attn, eps: float) -> None:
+        attn.q_norm = RMSNorm(attn.head_dim, eps=eps)
+        attn.k_norm = RMSNorm(attn.head_dim, eps=eps)
+        attn.__class__ = QKNormLlamaAttention
+
+    def _apply_sliding_window(self, spec: DrafterSpec) -> None:
+        window = spec.sglang_window_size()
+        if window is None:
+            return
+        flag = self._draft_window_size  # --speculative-draft-window-size, read by SGLang
+        if flag is not None and flag != window:
+            raise DrafterLoadError(
+                f"--speculative-draft-window-size {flag} contradicts the drafter's own sliding "
+                f"window: {spec.source} has sliding_window={spec.sliding_window} on layers "
+                f"{list(spec.sliding_layers)} (SGLang window {window}). Drop the flag."
+            )
+        self._draft_window_size = window
+        for index, layer in enumerate(self.model.layers):
+            layer.self_attn.attn.sliding_window_size = (
+                window if index in spec.sliding_layers else -1
+            )
+
+    def set_embed(self, embed):
+        if self.load_plan.params["model.embed_tokens.weight"].derived is None:
+            return  # the drafter owns its embeddings (embed_requires_grad or another width)
+        return super().set_embed(embed)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        plan = LoadPlan(self.spec)
+        params = dict(self.named_parameters())
+        for name, tensor in weights:
+            decision = plan.route(name, tuple(tensor.shape), torch_dtype_name(tensor.dtype))
+            if decision.action == "load":
+                param = params[decision.param]
+                loader = getattr(param, "weight_loader", default_weight_loader)
+                if decision.shard is None:
+                    loader(param, tensor)
+                else:
+                    loader(param, tensor, decision.shard)
+            elif decision.action == "d2t":
+                self.hot_token_id = self._hot_token_ids(tensor)
+        report = plan.finish()
+        report.raise_for_errors()
+        self.load_report = report
+        logger.info(
+            "sglang_ext: loaded %d tensors from %s (%d ignored, %d derived)",
+            report.count("loaded"),
+            self.spec.source,
+            report.count("ignored"),
+            report.count("derived"),
+        )
+
+    def _hot_token_ids(self, d2t: torch.Tensor) -> torch.Tensor:
+        ids = d2t.to(torch.int64) + torch.arange(d2t.shape[0], dtype=torch.int64)
+        bad = (ids < 0) | (ids >= self.spec.vocab_size)
+        if bool(bad.any()):
+            raise DrafterLoadError(
+                f"{self.spec.source}: d2t maps {int(bad.sum())} draft ids outside the target "
+                f"vocabulary [0, {self.spec.vocab_size})"
+            )
+        return ids
+
+
+class Eagle3DraftModel(LlamaForCausalLMEagle3):
+    """speculators' architecture name (config.json `architectures`)."""
+
+
+class Eagle3Speculator(LlamaForCausalLMEagle3):
+    """speculators' architecture name (config.json `architectures`)."""
+
+
+EntryClass = [LlamaForCausalLMEagle3, Eagle3DraftModel, Eagle3Speculator]

@@ -1,0 +1,183 @@
+"""SGLang plugin entry point (group ``sglang.srt.plugins``, name ``sglang_ext``).
+
+SGLang calls :func:`register` in every process it starts (``sglang/srt/plugins/__init__.py:
+load_plugins``: the launcher before it parses server args, the scheduler that builds the
+models, the detokenizer). It registers:
+
+- the drafter classes of ``sglang_ext.models`` over SGLang's in-tree ones;
+- an AROUND hook on SGLang's ``get_config`` that reads speculators-format drafter directories
+  (no ``model_type``) as data and returns the translated config;
+- an AROUND hook on ``configure_aux_hidden_state_capture`` that asks the target for the layers
+  the drafter was trained on (converting speculators' aux-id convention for the target's
+  class) and verifies what it captures, before serving;
+- the acceptance metrics hooks (``sglang_ext.metrics``).
+
+``load_plugins`` logs and swallows exceptions from plugins, which would silently leave SGLang
+on its in-tree classes. A failure here therefore raises ``SystemExit`` (not an ``Exception``),
+which ends the launch with the reason. ``SGLANG_PLUGINS`` (a comma-separated allow-list of
+entry-point names) can still exclude this plugin deliberately.
+
+This module imports only the standard library at import time so the entry point always loads.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import logging
+import os
+import pkgutil
+from functools import lru_cache
+
+logger = logging.getLogger(__name__)
+
+PLUGIN_NAME = "sglang_ext"
+MODELS_PACKAGE = "sglang_ext.models"
+CAPTURE_TARGET = (
+    "sglang.srt.model_executor.model_runner_components.attention_backend_setup."
+    "configure_aux_hidden_state_capture"
+)
+
+
+def register() -> None:
+    try:
+        targets = _register()
+    except BaseException as exc:  # noqa: BLE001 - turned into a loud, non-swallowable exit
+        if isinstance(exc, SystemExit):
+            raise
+        raise SystemExit(
+            f"sglang_ext: the plugin failed to load, refusing to let SGLang fall back to its "
+            f"in-tree EAGLE-3 classes: {type(exc).__name__}: {exc}\n(To run stock SGLang on "
+            f"purpose, exclude the plugin: SGLANG_PLUGINS=<other plugins> or uninstall "
+            f"sglang-ext.)"
+        ) from exc
+    logger.info("sglang_ext: registered models and hooks on %s", ", ".join(targets))
+
+
+def _register() -> list[str]:
+    from sglang.srt.models.registry import ModelRegistry
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from sglang_ext import metrics
+
+    ModelRegistry.register(MODELS_PACKAGE, overwrite=True, strict=True)
+    targets = [config_hook_target(), CAPTURE_TARGET]
+    for target in targets:
+        pkgutil.resolve_name(target)  # a moved target fails the launch here, not silently
+    HookRegistry.register(targets[0], get_config_hook, HookType.AROUND)
+    HookRegistry.register(CAPTURE_TARGET, configure_capture_hook, HookType.AROUND)
+    if os.environ.get("SGLANG_EXT_METRICS", "1") != "0":
+        targets.extend(metrics.install())
+    return targets
+
+
+def config_hook_target() -> str:
+    """Where SGLang defines `get_config` (re-exported by hf_transformers_utils in both 0.5.17
+    and 0.5.23); HookRegistry propagates the patch to every module that imported it."""
+    from sglang.srt.utils import hf_transformers_utils
+
+    func = inspect.unwrap(hf_transformers_utils.get_config)
+    return f"{func.__module__}.{func.__qualname__}"
+
+
+# --------------------------------------------------------------------------------------------
+# get_config: speculators directories are read as data, never through AutoConfig
+
+
+@lru_cache(maxsize=16)
+def _translated(path: str, mtime: float):
+    from sglang_ext.loading import plan_from_checkpoint, read_checkpoint
+    from sglang_ext.speculators_format import load_drafter_spec, to_sglang_config
+
+    spec = load_drafter_spec(path)
+    # The whole load report, from safetensors headers, before any GPU work: a missing or
+    # mis-shaped tensor, a truncated file or a pickle-only drafter fails the launch here.
+    plan_from_checkpoint(spec, read_checkpoint(path)).raise_for_errors()
+    return to_sglang_config(spec)
+
+
+def get_config_hook(original, model, *args, **kwargs):
+    from sglang_ext.speculators_format import config_path, is_speculators_dir
+
+    if isinstance(model, (str, os.PathLike)) and is_speculators_dir(model):
+        config = _translated(str(model), config_path(model).stat().st_mtime)
+        overrides = kwargs.get("model_override_args") or {}
+        if overrides:  # never mutate the cached translation
+            config = copy.deepcopy(config)
+            for key, value in overrides.items():
+                setattr(config, key, value)
+        return config
+    return original(model, *args, **kwargs)
+
+
+# --------------------------------------------------------------------------------------------
+# configure_aux_hidden_state_capture: the target captures what the drafter was trained on
+
+
+def current_drafter_spec():
+    from sglang_ext import compat
+    from sglang_ext.speculators_format import load_drafter_spec
+
+    path = getattr(compat.server_args(), "speculative_draft_model_path", None)
+    return load_drafter_spec(path) if path else None
+
+
+def configure_capture_hook(original, *args, **kwargs):
+    from sglang_ext import fusion
+
+    bound = inspect.signature(original).bind(*args, **kwargs)
+    arguments = bound.arguments
+    spec = current_drafter_spec() if arguments.get("eagle_use_aux_hidden_state") else None
+    model = arguments.get("model")
+    pp_group = getattr(model, "pp_group", None)
+    if spec is None or (pp_group is not None and not pp_group.is_last_rank):
+        return original(*bound.args, **bound.kwargs)
+    target = fusion.target_info_from_model(model)
+    plan = fusion.plan_capture(spec, target, fusion.capture_rule_for_model(model))
+    if plan.sglang_ids is not None:
+        arguments["eagle_aux_hidden_state_layer_ids"] = list(plan.sglang_ids)
+    result = original(*bound.args, **bound.kwargs)
+    fusion.verify_capture(model, plan, target.num_hidden_layers)
+    logger.info(
+        "sglang_ext: target %s captures aux layers %s for drafter %s (ids passed: %s, rule %s)",
+        target.architecture,
+        list(plan.captured_layers),
+        spec.source,
+        arguments["eagle_aux_hidden_state_layer_ids"],
+        plan.rule,
+    )
+    return result
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def self_check() -> dict:
+    """Resolve the entry point and the registered classes as SGLang would; raise on failure."""
+    from importlib.metadata import entry_points
+
+    from sglang.srt.models.registry import ModelRegistry
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    from sglang_ext import compat
+    from sglang_ext.models import ARCHITECTURES
+
+    eps = {ep.name: ep.value for ep in entry_points(group="sglang.srt.plugins")}
+    if eps.get(PLUGIN_NAME) != "sglang_ext.plugin:register":
+        raise RuntimeError(f"entry point {PLUGIN_NAME} not found in sglang.srt.plugins: {eps}")
+    entry = next(ep for ep in entry_points(group="sglang.srt.plugins") if ep.name == PLUGIN_NAME)
+    entry.load()()
+    HookRegistry.apply_hooks()
+    resolved = {}
+    for arch in ARCHITECTURES:
+        cls, _ = ModelRegistry.resolve_model_cls([arch])
+        resolved[arch] = f"{cls.__module__}.{cls.__qualname__}"
+        if not cls.__module__.startswith("sglang_ext."):
+            raise RuntimeError(f"ModelRegistry resolves {arch} to {resolved[arch]}, not sglang_ext")
+    return {
+        "plugin_loaded": True,
+        "entry_points": sorted(eps),
+        "architectures": resolved,
+        "hooks": [config_hook_target(), CAPTURE_TARGET],
+        "sglang_version": compat.sglang_version(),
+    }
