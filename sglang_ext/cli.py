@@ -1,0 +1,68 @@
+"""`sglang-ext`: doctor | convert | bench | demo | self-check."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sglang-ext", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    doctor = sub.add_parser("doctor", help="report what SGLang will do with a drafter (no GPU)")
+    doctor.add_argument("drafter", help="drafter directory (speculators or SGLang format)")
+    doctor.add_argument("--target", help="target model directory or its config.json")
+    doctor.add_argument("--json", action="store_true", help="machine-readable report")
+
+    convert = sub.add_parser("convert", help="speculators drafter -> SGLang-native layout")
+    convert.add_argument("src")
+    convert.add_argument("dst")
+    convert.add_argument("--target", help="target directory (resolves aux ids for its class)")
+    convert.add_argument("--force", action="store_true",
+                         help="convert even when stock SGLang cannot express the math")
+
+    demo = sub.add_parser("demo", help="write a tiny speculators drafter and diagnose it")
+    demo.add_argument("--out", help="output directory (default: a new temporary directory)")
+
+    sub.add_parser("self-check", help="verify the plugin registers with the installed SGLang")
+    sub.add_parser("bench", help="benchmark a running server (see `sglang-ext bench -h`)",
+                   add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:
+        from sglang_ext import bench
+
+        return bench.main(argv[1:])
+    args = build_parser().parse_args(argv)
+    if args.command == "doctor":
+        from sglang_ext import doctor
+
+        return doctor.main(args)
+    if args.command == "convert":
+        from sglang_ext import convert
+
+        return convert.main(args)
+    if args.command == "demo":
+        from sglang_ext import demo
+
+        return demo.main(args)
+    if args.command == "self-check":
+        from sglang_ext import plugin
+
+        try:
+            result = plugin.self_check()
+        except BaseException as exc:  # noqa: BLE001 - report any failure as JSON, exit 1
+            print(json.dumps({"plugin_loaded": False, "error": f"{type(exc).__name__}: {exc}"}))
+            return 1
+        print(json.dumps(result, indent=2))
+        return 0
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

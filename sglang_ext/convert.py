@@ -1,0 +1,138 @@
+"""`sglang-ext convert SRC DST`: speculators drafter -> SGLang-native EAGLE-3 layout.
+
+For users who cannot install the plugin. Stock SGLang cannot express some of speculators' math
+(``sglang_ext.doctor.math_stock_lacks``): conversion refuses such a drafter unless ``--force``,
+and then writes down what will differ. With the plugin installed, convert nothing: point
+``--speculative-draft-model-path`` at the speculators directory.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from sglang_ext.doctor import math_stock_lacks
+from sglang_ext.loading import DrafterLoadError, plan_from_checkpoint, read_checkpoint, weight_files
+from sglang_ext.speculators_format import (
+    _LAYER_KEYS_HIDDEN_FROM_SGLANG,
+    DrafterConfigError,
+    TargetInfo,
+    capture_rule_for,
+    load_drafter_spec,
+    route,
+    sglang_ids_for_capture,
+)
+
+
+class ConversionRefused(RuntimeError):
+    pass
+
+
+def converted_name(name: str, spec) -> str | None:
+    """The SGLang-format name of a speculators tensor (None: dropped)."""
+    if name == "t2d":
+        return None
+    routed = route(name, "speculators")
+    if routed is None:
+        return name
+    param, _, _ = routed
+    if ".q_norm." in param or ".k_norm." in param:
+        return None  # stock SGLang's llama layers have no q_norm/k_norm
+    if param.endswith(".hidden_norm.weight") and name.endswith("input_layernorm.weight"):
+        return name.replace("input_layernorm", "hidden_norm")  # layers >= 1
+    return name
+
+
+def convert(src: str | Path, dst: str | Path, target: str | Path | None = None,
+            force: bool = False) -> list[str]:
+    """Write the converted drafter; returns the list of behaviour differences (may be empty)."""
+    src, dst = Path(src), Path(dst)
+    spec = load_drafter_spec(src)
+    if spec.format != "speculators":
+        raise ConversionRefused(f"{src} is already in SGLang format; nothing to convert")
+    plan_from_checkpoint(spec, read_checkpoint(src)).raise_for_errors()
+    differences = math_stock_lacks(spec)
+    if differences and not force:
+        raise ConversionRefused(
+            f"{src} uses math stock SGLang cannot express, so the converted drafter would run "
+            "different math than it was trained with:\n  - " + "\n  - ".join(differences)
+            + "\nInstall sglang-ext and serve the directory as is, or pass --force to convert "
+            "anyway (acceptance will be lower)."
+        )
+    if target is not None:
+        info = TargetInfo.from_path(target)
+        problems = spec.target_problems(info)
+        if problems:
+            raise DrafterConfigError("; ".join(problems))
+        ids = sglang_ids_for_capture(
+            spec.captured_layers(info), capture_rule_for(model_type=info.model_type)
+        )
+    elif spec.aux_hidden_state_layer_ids:
+        # Without a target, assume SGLang's llama/qwen rule (layers_to_capture = id + 1).
+        ids = sglang_ids_for_capture(list(spec.aux_hidden_state_layer_ids), "plus_one")
+        differences.append(
+            "aux ids converted for llama/qwen-style targets (id - 1); pass --target for "
+            "DeepSeek-family targets"
+        )
+    else:
+        raise ConversionRefused(
+            f"{src} names no eagle_aux_hidden_state_layer_ids; pass --target so the default can "
+            "be resolved against the target's layer count"
+        )
+
+    config = {
+        k: v for k, v in spec.layer_config.items() if k not in _LAYER_KEYS_HIDDEN_FROM_SGLANG
+    }
+    config.update(
+        model_type="llama",
+        architectures=["LlamaForCausalLMEagle3"],
+        draft_vocab_size=spec.draft_vocab_size,
+        tie_word_embeddings=False,
+        head_dim=spec.head_dim,
+        norm_before_fc=spec.norm_before_fc,
+        fc_norm=spec.fc_norm,
+        norm_output=spec.norm_output,
+        eagle_config={
+            "eagle_aux_hidden_state_layer_ids": ids,
+            "use_aux_hidden_state": True,
+            "norm_before_fc": spec.norm_before_fc,
+        },
+    )
+    if spec.target_hidden_size is not None:
+        config["target_hidden_size"] = spec.target_hidden_size
+    if spec.dtype:
+        config["torch_dtype"] = spec.dtype
+
+    from safetensors.torch import load_file, save_file
+
+    tensors = {}
+    for path in weight_files(src):
+        for name, tensor in load_file(str(path)).items():
+            new = converted_name(name, spec)
+            if new is not None:
+                tensors[new] = tensor.contiguous()
+    dst.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    (dst / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    notes = ["# Converted by sglang-ext convert", f"source: {src}", ""]
+    if spec.sglang_window_size() is not None:
+        notes.append(
+            f"Serve with --speculative-draft-window-size {spec.sglang_window_size()} to keep the "
+            f"drafter's sliding window of {spec.sliding_window}."
+        )
+    notes += [f"- differs: {d}" for d in differences] or ["No behaviour differences."]
+    (dst / "CONVERTED.md").write_text("\n".join(notes) + "\n")
+    return differences
+
+
+def main(args) -> int:
+    try:
+        differences = convert(args.src, args.dst, args.target, args.force)
+    except (ConversionRefused, DrafterConfigError, DrafterLoadError) as exc:
+        print(f"sglang-ext convert: refused: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.dst} (SGLang-native EAGLE-3 layout)")
+    for difference in differences:
+        print(f"  differs: {difference}")
+    return 0

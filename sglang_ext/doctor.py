@@ -1,0 +1,349 @@
+"""`sglang-ext doctor DRAFT [--target TARGET] [--json]`: what SGLang will do with a drafter.
+
+No GPU, no server, no SGLang import: reads config.json as data and safetensors headers, and
+runs the same LoadPlan the server's load_weights runs (``sglang_ext.loading``), the same
+capture planning the startup hook runs (``sglang_ext.speculators_format``), and predicts what
+stock SGLang (no plugin) would do with the same directory.
+
+JSON schema (top-level keys): see README "doctor JSON".
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sglang_ext import __version__
+from sglang_ext.loading import (
+    DrafterLoadError,
+    LoadReport,
+    expected_parameters,
+    plan_from_checkpoint,
+    read_checkpoint,
+)
+from sglang_ext.speculators_format import (
+    DrafterConfigError,
+    DrafterSpec,
+    TargetInfo,
+    capture_rule_for,
+    load_drafter_spec,
+    sglang_config_dict,
+    sglang_ids_for_capture,
+)
+
+STOCK_UNRECOGNIZED = (
+    "ValueError: Unrecognized model in {path}. Should have a `model_type` key in its config.json"
+)
+
+
+@dataclass
+class Diagnosis:
+    drafter: str
+    target: str | None
+    format: str | None = None
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    config: dict | None = None
+    sglang_config: dict | None = None
+    report: LoadReport | None = None
+    aux_layers: dict = field(default_factory=dict)
+    checks: dict = field(default_factory=dict)
+    stock_sglang: dict = field(default_factory=dict)
+
+    @property
+    def verdict(self) -> str:
+        return "ERROR" if self.errors else "OK"
+
+    def to_json(self) -> dict[str, Any]:
+        counts: dict[str, int] = {}
+        for entry in self.report.entries if self.report else []:
+            counts[entry.status] = counts.get(entry.status, 0) + 1
+        return {
+            "sglang_ext_version": __version__,
+            "drafter": self.drafter,
+            "target": self.target,
+            "format": self.format,
+            "verdict": self.verdict,
+            "errors": self.errors,
+            "warnings": self.warnings,
+            "config": self.config,
+            "sglang_config": self.sglang_config,
+            "tensors": self.report.to_json() if self.report else [],
+            "tensor_counts": counts,
+            "aux_layers": self.aux_layers,
+            "checks": self.checks,
+            "stock_sglang": self.stock_sglang,
+        }
+
+
+def diagnose(drafter: str | Path, target: str | Path | None = None) -> Diagnosis:
+    diagnosis = Diagnosis(drafter=str(drafter), target=str(target) if target else None)
+    try:
+        spec = load_drafter_spec(drafter)
+    except DrafterConfigError as exc:
+        diagnosis.errors.append(str(exc))
+        return diagnosis
+    diagnosis.format = spec.format
+    diagnosis.config = spec.to_json()
+    if spec.format == "speculators":
+        diagnosis.sglang_config = sglang_config_dict(spec)
+    target_info = None
+    if target is not None:
+        try:
+            target_info = TargetInfo.from_path(target)
+        except DrafterConfigError as exc:
+            diagnosis.errors.append(str(exc))
+    try:
+        tensors = read_checkpoint(drafter)
+    except DrafterLoadError as exc:
+        diagnosis.errors.append(str(exc))
+        tensors = None
+    if tensors is not None:
+        diagnosis.report = plan_from_checkpoint(spec, tensors)
+        diagnosis.errors.extend(diagnosis.report.errors)
+        _vocab_checks(diagnosis, spec, tensors, drafter)
+    _aux_layers(diagnosis, spec, target_info)
+    _config_checks(diagnosis, spec)
+    diagnosis.stock_sglang = predict_stock(spec, tensors, target_info)
+    return diagnosis
+
+
+def _aux_layers(diagnosis: Diagnosis, spec: DrafterSpec, target: TargetInfo | None) -> None:
+    ids = list(spec.aux_hidden_state_layer_ids) if spec.aux_hidden_state_layer_ids else None
+    info: dict[str, Any] = {
+        "checkpoint_ids": ids,
+        "checkpoint_convention": (
+            "speculators/vLLM: id k = hidden state entering decoder layer k "
+            "(HF output_hidden_states[k])"
+            if spec.aux_id_convention == "speculators"
+            else "SGLang eagle_config: ids passed to the target's set_eagle3_layers_to_capture"
+        ),
+        "num_aux_hidden_states": spec.num_aux_hidden_states,
+        "fc_input_width": spec.expected_target_feature_width,
+    }
+    if target is None:
+        info["captured_layers"] = None
+        diagnosis.warnings.append(
+            "no --target given: aux layer ids, hidden size and vocab are not checked"
+        )
+        diagnosis.aux_layers = info
+        return
+    rule = capture_rule_for(model_type=target.model_type)
+    captured = spec.captured_layers(target)
+    info.update(
+        target_num_layers=target.num_hidden_layers,
+        target_architecture=target.architecture,
+        capture_rule=rule,
+        captured_layers=captured,
+        captured_as="hidden state entering target layer k (= HF output_hidden_states[k])",
+    )
+    problems = spec.target_problems(target)
+    diagnosis.errors.extend(problems)
+    if spec.aux_id_convention == "speculators" and not problems:
+        info["sglang_ids"] = sglang_ids_for_capture(captured, rule)
+    elif spec.aux_id_convention == "sglang":
+        info["sglang_ids"] = ids
+    diagnosis.checks.update(
+        hidden_size_matches=spec.fc_input_hidden_size == target.hidden_size,
+        vocab_matches=spec.vocab_size == target.vocab_size,
+        capture_ok=not spec.capture_problems(target),
+    )
+    diagnosis.aux_layers = info
+
+
+def _config_checks(diagnosis: Diagnosis, spec: DrafterSpec) -> None:
+    diagnosis.checks.update(
+        draft_layers=spec.num_hidden_layers,
+        layer_type=spec.layer_type,
+        sliding_window=spec.sliding_window,
+        sglang_window_size=spec.sglang_window_size(),
+        expected_parameters=len(expected_parameters(spec)),
+    )
+    if spec.speculative_tokens:
+        diagnosis.checks["trained_speculative_tokens"] = spec.speculative_tokens
+
+
+def _vocab_checks(diagnosis: Diagnosis, spec: DrafterSpec, tensors, drafter) -> None:
+    """d2t and t2d must describe the same draft vocabulary (needs tensor values: safetensors)."""
+    names = {t.name for t in tensors}
+    if not {"d2t", "t2d"} <= names or diagnosis.report.errors:
+        return
+    import numpy as np
+    from safetensors import safe_open
+
+    values = {}
+    for tensor in tensors:
+        if tensor.name in ("d2t", "t2d"):
+            with safe_open(str(Path(drafter) / tensor.file), "np") as handle:
+                values[tensor.name] = handle.get_tensor(tensor.name)
+    d2t, t2d = values["d2t"].astype(np.int64), values["t2d"].astype(bool)
+    target_ids = d2t + np.arange(d2t.shape[0])
+    if target_ids.min() < 0 or target_ids.max() >= spec.vocab_size:
+        diagnosis.errors.append("d2t: maps draft ids outside the target vocabulary")
+        return
+    mask = np.zeros(spec.vocab_size, dtype=bool)
+    mask[target_ids] = True
+    if not np.array_equal(mask, t2d):
+        diagnosis.errors.append(
+            f"d2t and t2d disagree: d2t selects {int(mask.sum())} target ids, t2d marks "
+            f"{int(t2d.sum())}, {int((mask != t2d).sum())} positions differ"
+        )
+        return
+    diagnosis.checks["vocab_mapping"] = "d2t and t2d agree"
+
+
+# --------------------------------------------------------------------------------------------
+# What stock SGLang (no plugin) does with the same directory
+
+
+def math_stock_lacks(spec: DrafterSpec) -> list[str]:
+    """speculators options whose math stock SGLang's eagle3 drafter does not implement."""
+    lacks = []
+    if spec.norm_before_residual:
+        lacks.append(
+            "norm_before_residual: stock starts the residual stream from the raw target "
+            "features, speculators from the normalised ones"
+        )
+    if spec.layer_type == "qwen3":
+        lacks.append("qwen3 draft layers: stock has no q_norm/k_norm (dropped silently)")
+    if spec.embed_requires_grad and not (
+        spec.target_hidden_size and spec.target_hidden_size != spec.hidden_size
+    ):
+        lacks.append(
+            "embed_requires_grad: stock overwrites the drafter's trained embeddings with the "
+            "target's (set_embed)"
+        )
+    if spec.sliding_layers and len(spec.sliding_layers) != spec.num_hidden_layers:
+        lacks.append("per-layer sliding window: stock applies one window to every draft layer")
+    elif spec.sliding_layers:
+        lacks.append(
+            f"sliding window {spec.sliding_window}: stock attends to the full context unless "
+            f"--speculative-draft-window-size {spec.sglang_window_size()} is passed"
+        )
+    return lacks
+
+
+def predict_stock(spec: DrafterSpec, tensors, target: TargetInfo | None) -> dict[str, Any]:
+    if spec.format == "speculators":
+        return {
+            "startup": "fails",
+            "summary": "fails at startup: " + STOCK_UNRECOGNIZED.format(path=spec.source),
+            "if_converted_naively": math_stock_lacks(spec)
+            + ["aux layer ids: speculators counts the state entering layer k, SGLang's "
+               "llama/qwen targets add 1 (off by one unless converted)"],
+        }
+    prediction: dict[str, Any] = {"startup": "starts"}
+    notes = []
+    if tensors is not None:
+        skipped, uninitialised = stock_load(spec, [t.name for t in tensors])
+        prediction["silently_skipped_tensors"] = skipped
+        prediction["left_at_random_init"] = uninitialised
+        if skipped:
+            notes.append(f"silently skips {len(skipped)} tensor(s)")
+        if uninitialised:
+            notes.append(f"leaves {len(uninitialised)} parameter(s) at random init")
+    if target is not None:
+        captured = spec.captured_layers(target)
+        distinct = len(set(k for k in captured if 0 <= k < target.num_hidden_layers))
+        width = distinct * target.hidden_size
+        if distinct != spec.num_aux_hidden_states:
+            if width == spec.hidden_size:
+                notes.append(
+                    f"fusion silently skipped: the target hands over {width}-wide features, "
+                    "as wide as the drafter (accept length ~1.00)"
+                )
+            else:
+                notes.append(
+                    "starts, then the scheduler dies on the first request: mat1 and mat2 shapes "
+                    f"cannot be multiplied (Nx{width} and {spec.expected_target_feature_width}x"
+                    f"{spec.hidden_size})"
+                )
+    prediction["summary"] = "; ".join(notes) or "serves as the plugin does"
+    return prediction
+
+
+def stock_load(spec: DrafterSpec, names: list[str]) -> tuple[list[str], list[str]]:
+    """Which tensors stock `LlamaForCausalLMEagle3.load_weights` skips without a word and which
+    parameters nothing fills, following its name handling (legacy_name_map, q/k/v and
+    gate/up stacking, `name` or `model.name`)."""
+    params = expected_parameters(spec)
+    legacy = {"midlayer": "layers.0", "aux_norm_low": "fc_norm.0",
+              "aux_norm_mid": "fc_norm.1", "aux_norm_high": "fc_norm.2"}
+    stacked = {".q_proj": ".qkv_proj", ".k_proj": ".qkv_proj", ".v_proj": ".qkv_proj",
+               ".gate_proj": ".gate_up_proj", ".up_proj": ".gate_up_proj"}
+    skipped, filled = [], set()
+    for original in names:
+        name = original
+        for old, new in legacy.items():
+            name = name.replace(old, new)
+        if "d2t" in name or "t2d" in name:
+            continue
+        for old, new in stacked.items():
+            if old in name:
+                name = name.replace(old, new)
+                break
+        param = name if name in params else f"model.{name}"
+        if param in params:
+            filled.add(param)
+        else:
+            skipped.append(original)
+    uninitialised = sorted(
+        p for p, s in params.items() if p not in filled and s.derived is None
+    )
+    return skipped, uninitialised
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def format_text(diagnosis: Diagnosis) -> str:
+    data = diagnosis.to_json()
+    lines = [
+        f"drafter: {diagnosis.drafter}",
+        f"format:  {diagnosis.format}",
+        f"target:  {diagnosis.target or '(none given)'}",
+    ]
+    if diagnosis.config:
+        c = diagnosis.config
+        lines.append(
+            f"layers:  {c['num_hidden_layers']} x {c['layer_type']}, hidden {c['hidden_size']}, "
+            f"vocab {c['vocab_size']} (draft {c['draft_vocab_size']}), norm_before_residual="
+            f"{c['norm_before_residual']}, norm_before_fc={c['norm_before_fc']}, "
+            f"fc_norm={c['fc_norm']}, norm_output={c['norm_output']}, "
+            f"embed_requires_grad={c['embed_requires_grad']}, window={c['sliding_window']}"
+        )
+    aux = diagnosis.aux_layers
+    if aux:
+        lines.append(
+            f"aux:     checkpoint ids {aux.get('checkpoint_ids')} -> target captures "
+            f"{aux.get('captured_layers')} (SGLang ids {aux.get('sglang_ids', '-')}, "
+            f"rule {aux.get('capture_rule', '-')})"
+        )
+    counts = data["tensor_counts"]
+    if counts:
+        lines.append("tensors: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
+        for entry in diagnosis.report.entries:
+            if entry.status != "loaded":
+                lines.append(f"  - {LoadReport.describe(entry)}")
+    stock = diagnosis.stock_sglang
+    if stock:
+        lines.append(f"stock SGLang: {stock.get('summary')}")
+        for note in stock.get("if_converted_naively", []):
+            lines.append(f"  if converted naively: {note}")
+    for warning in diagnosis.warnings:
+        lines.append(f"warning: {warning}")
+    for error in diagnosis.errors:
+        lines.append(f"ERROR: {error}")
+    lines.append(f"verdict: {diagnosis.verdict}")
+    return "\n".join(lines)
+
+
+def main(args) -> int:
+    diagnosis = diagnose(args.drafter, args.target)
+    if args.json:
+        print(json.dumps(diagnosis.to_json(), indent=2, default=str))
+    else:
+        print(format_text(diagnosis))
+    return 1 if diagnosis.errors else 0
