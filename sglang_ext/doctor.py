@@ -142,7 +142,12 @@ def _aux_layers(diagnosis: Diagnosis, spec: DrafterSpec, target: TargetInfo | No
     problems = spec.target_problems(target)
     diagnosis.errors.extend(problems)
     if spec.aux_id_convention == "speculators" and not problems:
-        info["sglang_ids"] = sglang_ids_for_capture(captured, rule)
+        try:
+            info["sglang_ids"] = sglang_ids_for_capture(captured, rule)
+        except DrafterConfigError as exc:
+            info["sglang_ids"] = None
+            info["capture_set_directly"] = True
+            diagnosis.warnings.append(str(exc))
     elif spec.aux_id_convention == "sglang":
         info["sglang_ids"] = ids
     diagnosis.checks.update(

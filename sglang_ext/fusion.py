@@ -123,6 +123,7 @@ class CapturePlan:
     sglang_ids: tuple[int, ...] | None  # None: leave SGLang's ids as they are
     rule: CaptureRule
     num_aux_hidden_states: int
+    set_directly: bool = False  # the class's id rule cannot express it (deepseek, first=1)
 
 
 def plan_capture(spec: DrafterSpec, target: TargetInfo, rule: CaptureRule) -> CapturePlan:
@@ -134,8 +135,16 @@ def plan_capture(spec: DrafterSpec, target: TargetInfo, rule: CaptureRule) -> Ca
             + "\n  - ".join(problems)
         )
     captured = spec.captured_layers(target)
-    ids = sglang_ids_for_capture(captured, rule) if spec.aux_id_convention == "speculators" else None
-    return CapturePlan(tuple(captured), tuple(ids) if ids else None, rule, spec.num_aux_hidden_states)
+    if spec.aux_id_convention == "sglang":
+        return CapturePlan(tuple(captured), None, rule, spec.num_aux_hidden_states)
+    try:
+        ids = sglang_ids_for_capture(captured, rule)
+    except DrafterConfigError:
+        # Any ids that switch capture on; the list is then set on the target directly.
+        ids, direct = [k - 1 for k in captured], True
+    else:
+        direct = False
+    return CapturePlan(tuple(captured), tuple(ids), rule, spec.num_aux_hidden_states, direct)
 
 
 def target_info_from_model(model) -> TargetInfo:
@@ -159,8 +168,9 @@ def capture_rule_for_model(model) -> CaptureRule:
     return capture_rule_for(getattr(text, "model_type", None), type(model).__module__)
 
 
-def find_layers_to_capture(model) -> list[int] | None:
-    """The live `layers_to_capture` list of an SGLang target, wherever the class keeps it."""
+def capture_owner(model):
+    """The module of an SGLang target that holds `layers_to_capture`, wherever the class
+    keeps it (llama/qwen/deepseek: model.model; multimodal wrappers: language_model.model)."""
     for path in ("model", "language_model.model", "model.language_model", "language_model"):
         obj = model
         for part in path.split("."):
@@ -168,8 +178,28 @@ def find_layers_to_capture(model) -> list[int] | None:
             if obj is None:
                 break
         if obj is not None and hasattr(obj, "layers_to_capture"):
-            return list(obj.layers_to_capture)
+            return obj
     return None
+
+
+def find_layers_to_capture(model) -> list[int] | None:
+    owner = capture_owner(model)
+    return None if owner is None else list(owner.layers_to_capture)
+
+
+def set_capture_directly(model, plan: CapturePlan) -> None:
+    owner = capture_owner(model)
+    if owner is None:
+        raise DrafterConfigError(
+            f"target {type(model).__name__} must capture layers {list(plan.captured_layers)}, "
+            "which its set_eagle3_layers_to_capture cannot express, and sglang_ext cannot find "
+            "its layers_to_capture list to set them"
+        )
+    owner.layers_to_capture = list(plan.captured_layers)
+    logger.info(
+        "sglang_ext: set %s layers_to_capture to %s directly (%s ids cannot express it)",
+        type(model).__name__, list(plan.captured_layers), plan.rule,
+    )
 
 
 def verify_capture(model, plan: CapturePlan, num_layers: int) -> None:

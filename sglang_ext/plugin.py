@@ -137,6 +137,8 @@ def configure_capture_hook(original, *args, **kwargs):
     if plan.sglang_ids is not None:
         arguments["eagle_aux_hidden_state_layer_ids"] = list(plan.sglang_ids)
     result = original(*bound.args, **bound.kwargs)
+    if plan.set_directly:
+        fusion.set_capture_directly(model, plan)
     fusion.verify_capture(model, plan, target.num_hidden_layers)
     logger.info(
         "sglang_ext: target %s captures aux layers %s for drafter %s (ids passed: %s, rule %s)",

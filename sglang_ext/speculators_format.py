@@ -201,8 +201,9 @@ def sglang_ids_for_capture(captured: list[int], rule: CaptureRule) -> list[int]:
     if captured and captured[0] == 1:
         raise DrafterConfigError(
             "this target's SGLang class (deepseek_v2.py: +1 only when the first id is 1) cannot "
-            f"be asked to capture {captured}: a first aux layer of 1 (the output of decoder "
-            "layer 0) is not expressible. Retrain with a different first aux layer id."
+            f"be asked through eagle_config ids to capture {captured}: a first aux layer of 1 "
+            "(the output of decoder layer 0) is not expressible. The plugin sets the capture "
+            "list directly; stock SGLang cannot serve this drafter."
         )
     return list(captured)
 
@@ -320,11 +321,6 @@ class DrafterSpec:
                 "(after its last decoder layer); SGLang's targets only capture states entering "
                 "a decoder layer, so this drafter cannot be served by SGLang"
             )
-        if self.aux_id_convention == "speculators" and not problems:
-            try:
-                sglang_ids_for_capture(captured, capture_rule_for(model_type=target.model_type))
-            except DrafterConfigError as exc:
-                problems.append(str(exc))
         return problems
 
     def target_problems(self, target: TargetInfo) -> list[str]:
