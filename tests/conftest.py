@@ -5,16 +5,16 @@ from builders import VARIANTS, build_drafter, write_target
 
 
 @pytest.fixture(scope="session")
-def sglang_env():
-    """SGLang's model classes importable and constructible on CPU (see tests/sglang_cpu.py)."""
-    from sglang_cpu import init_sglang_cpu
-
-    init_sglang_cpu()
+def target_dir(tmp_path_factory):
+    return write_target(tmp_path_factory.mktemp("target"))
 
 
 @pytest.fixture(scope="session")
-def target_dir(tmp_path_factory):
-    return write_target(tmp_path_factory.mktemp("target"))
+def sglang_env(target_dir):
+    """SGLang's model classes importable and constructible on CPU (see tests/sglang_cpu.py)."""
+    from sglang_cpu import init_sglang_cpu
+
+    init_sglang_cpu(str(target_dir))
 
 
 @pytest.fixture(scope="session")

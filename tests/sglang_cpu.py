@@ -19,7 +19,8 @@ from torch import nn
 _READY = False
 
 
-def init_sglang_cpu(model_path: str = "/nonexistent") -> None:
+def init_sglang_cpu(model_path: str) -> None:
+    """`model_path`: any model directory with a config.json (ServerArgs reads it)."""
     global _READY
     if _READY:
         return
@@ -37,7 +38,9 @@ def init_sglang_cpu(model_path: str = "/nonexistent") -> None:
         world_size=1, rank=0, local_rank=0, backend="gloo",
         distributed_init_method=f"tcp://127.0.0.1:{port}",
     )
-    runtime_context.get_parallel().override_permanently(tp_rank=0, pp_rank=0)
+    parallel = runtime_context.get_parallel()
+    if hasattr(type(parallel), "override_permanently"):  # 0.5.23; 0.5.17 reads the groups
+        parallel.override_permanently(tp_rank=0, pp_rank=0)
     initialize_model_parallel(backend="gloo")
     _READY = True
 
