@@ -20,15 +20,19 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("src")
     convert.add_argument("dst")
     convert.add_argument("--target", help="target directory (resolves aux ids for its class)")
-    convert.add_argument("--force", action="store_true",
-                         help="convert even when stock SGLang cannot express the math")
+    convert.add_argument(
+        "--force",
+        action="store_true",
+        help="convert even when stock SGLang cannot express the math",
+    )
 
     demo = sub.add_parser("demo", help="write a tiny speculators drafter and diagnose it")
     demo.add_argument("--out", help="output directory (default: a new temporary directory)")
 
     sub.add_parser("self-check", help="verify the plugin registers with the installed SGLang")
-    sub.add_parser("bench", help="benchmark a running server (see `sglang-ext bench -h`)",
-                   add_help=False)
+    sub.add_parser(
+        "bench", help="benchmark a running server (see `sglang-ext bench -h`)", add_help=False
+    )
     return parser
 
 

@@ -44,8 +44,9 @@ def converted_name(name: str, spec) -> str | None:
     return name
 
 
-def convert(src: str | Path, dst: str | Path, target: str | Path | None = None,
-            force: bool = False) -> list[str]:
+def convert(
+    src: str | Path, dst: str | Path, target: str | Path | None = None, force: bool = False
+) -> list[str]:
     """Write the converted drafter; returns the list of behaviour differences (may be empty)."""
     src, dst = Path(src), Path(dst)
     spec = load_drafter_spec(src)
@@ -56,7 +57,8 @@ def convert(src: str | Path, dst: str | Path, target: str | Path | None = None,
     if differences and not force:
         raise ConversionRefused(
             f"{src} uses math stock SGLang cannot express, so the converted drafter would run "
-            "different math than it was trained with:\n  - " + "\n  - ".join(differences)
+            "different math than it was trained with:\n  - "
+            + "\n  - ".join(differences)
             + "\nInstall sglang-ext and serve the directory as is, or pass --force to convert "
             "anyway (acceptance will be lower)."
         )
@@ -81,9 +83,7 @@ def convert(src: str | Path, dst: str | Path, target: str | Path | None = None,
             "be resolved against the target's layer count"
         )
 
-    config = {
-        k: v for k, v in spec.layer_config.items() if k not in _LAYER_KEYS_HIDDEN_FROM_SGLANG
-    }
+    config = {k: v for k, v in spec.layer_config.items() if k not in _LAYER_KEYS_HIDDEN_FROM_SGLANG}
     config.update(
         model_type="llama",
         architectures=["LlamaForCausalLMEagle3"],

@@ -38,16 +38,28 @@ class Variant:
     aux_ids: tuple[int, ...] | None = (1, 3, 4)
 
 
-def write_target(directory: Path, *, layers: int = 6, hidden: int = 64, vocab: int = 256,
-                 model_type: str = "llama") -> Path:
+def write_target(
+    directory: Path,
+    *,
+    layers: int = 6,
+    hidden: int = 64,
+    vocab: int = 256,
+    model_type: str = "llama",
+) -> Path:
     """A target config directory (config.json only: the drafter never reads target weights)."""
     from transformers import LlamaConfig, Qwen3Config
 
     cls = {"llama": LlamaConfig, "qwen3": Qwen3Config}[model_type]
     config = cls(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
-        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=hidden // 4, max_position_embeddings=512, tie_word_embeddings=False,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden // 4,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
         rms_norm_eps=1e-6,
     )
     config.architectures = [{"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}[model_type]]
@@ -56,8 +68,7 @@ def write_target(directory: Path, *, layers: int = 6, hidden: int = 64, vocab: i
     return directory
 
 
-def build_drafter(directory: Path, target_dir: Path, variant: Variant, seed: int = 0,
-                  dtype=None):
+def build_drafter(directory: Path, target_dir: Path, variant: Variant, seed: int = 0, dtype=None):
     """Build an Eagle3DraftModel as speculators' trainer configures it, randomise every weight
     (norms too, so a mis-routed norm cannot hide behind all-ones), save it with speculators'
     save_pretrained, and return the model."""
@@ -69,8 +80,12 @@ def build_drafter(directory: Path, target_dir: Path, variant: Variant, seed: int
 
     full = [] if variant.sliding_window else list(range(variant.num_layers))
     layer_config = create_transformer_layer_config(
-        str(target_dir), variant.num_layers, variant.layer_type, None,
-        variant.sliding_window or 2048, full,
+        str(target_dir),
+        variant.num_layers,
+        variant.layer_type,
+        None,
+        variant.sliding_window or 2048,
+        full,
     )
     layer_config._attn_implementation = "eager"  # flex attention needs a GPU compiler
     target = json.loads((Path(target_dir) / "config.json").read_text())
@@ -89,8 +104,9 @@ def build_drafter(directory: Path, target_dir: Path, variant: Variant, seed: int
             algorithm="eagle3",
             proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=3)],
             default_proposal_method="greedy",
-            verifier=VerifierConfig(name_or_path=str(target_dir),
-                                    architectures=target["architectures"]),
+            verifier=VerifierConfig(
+                name_or_path=str(target_dir), architectures=target["architectures"]
+            ),
         ),
     )
     torch.manual_seed(seed)
@@ -133,8 +149,9 @@ def main(args) -> int:
 
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="sglang-ext-demo-"))
     target, drafter = make_demo(out)
-    print(f"wrote a speculators EAGLE-3 drafter to {drafter} and a Llama target config to "
-          f"{target}\n")
+    print(
+        f"wrote a speculators EAGLE-3 drafter to {drafter} and a Llama target config to {target}\n"
+    )
     diagnosis = doctor.diagnose(drafter, target)
     print(doctor.format_text(diagnosis))
     print(

@@ -236,8 +236,10 @@ def predict_stock(spec: DrafterSpec, tensors, target: TargetInfo | None) -> dict
             "startup": "fails",
             "summary": "fails at startup: " + STOCK_UNRECOGNIZED.format(path=spec.source),
             "if_converted_naively": math_stock_lacks(spec)
-            + ["aux layer ids: speculators counts the state entering layer k, SGLang's "
-               "llama/qwen targets add 1 (off by one unless converted)"],
+            + [
+                "aux layer ids: speculators counts the state entering layer k, SGLang's "
+                "llama/qwen targets add 1 (off by one unless converted)"
+            ],
         }
     prediction: dict[str, Any] = {"startup": "starts"}
     notes = []
@@ -274,10 +276,19 @@ def stock_load(spec: DrafterSpec, names: list[str]) -> tuple[list[str], list[str
     parameters nothing fills, following its name handling (legacy_name_map, q/k/v and
     gate/up stacking, `name` or `model.name`)."""
     params = expected_parameters(spec)
-    legacy = {"midlayer": "layers.0", "aux_norm_low": "fc_norm.0",
-              "aux_norm_mid": "fc_norm.1", "aux_norm_high": "fc_norm.2"}
-    stacked = {".q_proj": ".qkv_proj", ".k_proj": ".qkv_proj", ".v_proj": ".qkv_proj",
-               ".gate_proj": ".gate_up_proj", ".up_proj": ".gate_up_proj"}
+    legacy = {
+        "midlayer": "layers.0",
+        "aux_norm_low": "fc_norm.0",
+        "aux_norm_mid": "fc_norm.1",
+        "aux_norm_high": "fc_norm.2",
+    }
+    stacked = {
+        ".q_proj": ".qkv_proj",
+        ".k_proj": ".qkv_proj",
+        ".v_proj": ".qkv_proj",
+        ".gate_proj": ".gate_up_proj",
+        ".up_proj": ".gate_up_proj",
+    }
     skipped, filled = [], set()
     for original in names:
         name = original
@@ -294,9 +305,7 @@ def stock_load(spec: DrafterSpec, names: list[str]) -> tuple[list[str], list[str
             filled.add(param)
         else:
             skipped.append(original)
-    uninitialised = sorted(
-        p for p, s in params.items() if p not in filled and s.derived is None
-    )
+    uninitialised = sorted(p for p, s in params.items() if p not in filled and s.derived is None)
     return skipped, uninitialised
 
 

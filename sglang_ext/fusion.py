@@ -198,7 +198,9 @@ def set_capture_directly(model, plan: CapturePlan) -> None:
     owner.layers_to_capture = list(plan.captured_layers)
     logger.info(
         "sglang_ext: set %s layers_to_capture to %s directly (%s ids cannot express it)",
-        type(model).__name__, list(plan.captured_layers), plan.rule,
+        type(model).__name__,
+        list(plan.captured_layers),
+        plan.rule,
     )
 
 

@@ -63,7 +63,7 @@ def weight_files(directory: str | Path) -> list[Path]:
         raise DrafterLoadError(
             f"{directory}: only pickle weight files found ({', '.join(pickles)}). sglang_ext loads "
             "drafters from safetensors only, because unpickling runs code from the checkpoint. "
-            "Convert once in a trusted environment, e.g. python -c \"import torch, "
+            'Convert once in a trusted environment, e.g. python -c "import torch, '
             "safetensors.torch as st; st.save_file(torch.load('"
             f"{pickles[0]}', weights_only=True), 'model.safetensors')\""
         )
@@ -212,7 +212,9 @@ def expected_parameters(spec: DrafterSpec) -> dict[str, ParamSpec]:
 @dataclass
 class TensorEntry:
     name: str
-    status: str  # loaded | ignored | derived | missing | unexpected | shape_mismatch | dtype_mismatch
+    status: (
+        str  # loaded | ignored | derived | missing | unexpected | shape_mismatch | dtype_mismatch
+    )
     param: str | None = None
     expected: str | None = None
     found: str | None = None
@@ -350,7 +352,10 @@ class LoadPlan:
         if rule.param == "model.input_norm.weight":
             return "config has norm_before_fc=false, so nothing reads input_norm"
         if "fc_norm" in rule.param:
-            return f"config has fc_norm=false or fewer than this many aux states ({spec.num_aux_hidden_states})"
+            return (
+                "config has fc_norm=false or fewer aux states "
+                f"({spec.num_aux_hidden_states})"
+            )
         if "q_norm" in rule.param or "k_norm" in rule.param:
             return f"draft layers are {spec.layer_type}, which have no q_norm/k_norm"
         if ".layers." in rule.param:

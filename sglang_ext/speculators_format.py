@@ -376,7 +376,9 @@ def _aux_ids(value: Any, where: str, key: str) -> tuple[int, ...] | None:
     if not isinstance(value, list) or not all(
         isinstance(v, int) and not isinstance(v, bool) for v in value
     ):
-        raise DrafterConfigError(f"{where}: field '{key}' must be a list of integers, found {value!r}")
+        raise DrafterConfigError(
+            f"{where}: field '{key}' must be a list of integers, found {value!r}"
+        )
     if not value:
         raise DrafterConfigError(f"{where}: field '{key}' is an empty list")
     return tuple(value)
@@ -481,8 +483,11 @@ def _sglang_spec(config: Mapping[str, Any], cfg_file: Path) -> DrafterSpec:
         )
     geometry = _layer_geometry(config, where)
     eagle = config.get("eagle_config") or {}
-    aux = _aux_ids(eagle.get("eagle_aux_hidden_state_layer_ids"), where,
-                   "eagle_config.eagle_aux_hidden_state_layer_ids")
+    aux = _aux_ids(
+        eagle.get("eagle_aux_hidden_state_layer_ids"),
+        where,
+        "eagle_config.eagle_aux_hidden_state_layer_ids",
+    )
     num_aux = config.get("num_aux_hidden_states") or (len(aux) if aux else 3)
     return DrafterSpec(
         format="sglang",
@@ -539,9 +544,7 @@ def sglang_config_dict(spec: DrafterSpec) -> dict[str, Any]:
             "use_aux_hidden_state": True,
             "norm_before_fc": spec.norm_before_fc,
             "eagle_aux_hidden_state_layer_ids": (
-                list(spec.aux_hidden_state_layer_ids)
-                if spec.aux_hidden_state_layer_ids
-                else None
+                list(spec.aux_hidden_state_layer_ids) if spec.aux_hidden_state_layer_ids else None
             ),
             "aux_id_convention": "speculators",
         },
@@ -602,33 +605,65 @@ KEY_TABLE: tuple[KeyRule, ...] = (
     KeyRule("norm.weight", "model.norm.weight"),
     KeyRule("lm_head.weight", "lm_head.weight"),
     KeyRule("embed_tokens.weight", "model.embed_tokens.weight"),
-    KeyRule("layers.{n}.self_attn.q_proj.weight", "model.layers.{n}.self_attn.qkv_proj.weight", "q"),
-    KeyRule("layers.{n}.self_attn.k_proj.weight", "model.layers.{n}.self_attn.qkv_proj.weight", "k"),
-    KeyRule("layers.{n}.self_attn.v_proj.weight", "model.layers.{n}.self_attn.qkv_proj.weight", "v"),
+    KeyRule(
+        "layers.{n}.self_attn.q_proj.weight", "model.layers.{n}.self_attn.qkv_proj.weight", "q"
+    ),
+    KeyRule(
+        "layers.{n}.self_attn.k_proj.weight", "model.layers.{n}.self_attn.qkv_proj.weight", "k"
+    ),
+    KeyRule(
+        "layers.{n}.self_attn.v_proj.weight", "model.layers.{n}.self_attn.qkv_proj.weight", "v"
+    ),
     KeyRule("layers.{n}.self_attn.o_proj.weight", "model.layers.{n}.self_attn.o_proj.weight"),
-    KeyRule("layers.{n}.self_attn.q_norm.weight", "model.layers.{n}.self_attn.q_norm.weight",
-            formats=("speculators",), note="qwen3 draft layers"),
-    KeyRule("layers.{n}.self_attn.k_norm.weight", "model.layers.{n}.self_attn.k_norm.weight",
-            formats=("speculators",), note="qwen3 draft layers"),
+    KeyRule(
+        "layers.{n}.self_attn.q_norm.weight",
+        "model.layers.{n}.self_attn.q_norm.weight",
+        formats=("speculators",),
+        note="qwen3 draft layers",
+    ),
+    KeyRule(
+        "layers.{n}.self_attn.k_norm.weight",
+        "model.layers.{n}.self_attn.k_norm.weight",
+        formats=("speculators",),
+        note="qwen3 draft layers",
+    ),
     KeyRule("layers.{n}.mlp.gate_proj.weight", "model.layers.{n}.mlp.gate_up_proj.weight", 0),
     KeyRule("layers.{n}.mlp.up_proj.weight", "model.layers.{n}.mlp.gate_up_proj.weight", 1),
     KeyRule("layers.{n}.mlp.down_proj.weight", "model.layers.{n}.mlp.down_proj.weight"),
-    KeyRule("layers.{n}.post_attention_layernorm.weight",
-            "model.layers.{n}.post_attention_layernorm.weight"),
-    KeyRule("layers.{n}.hidden_norm.weight", "model.layers.{n}.hidden_norm.weight",
-            layers="first", formats=("speculators",)),
-    KeyRule("layers.{n}.input_layernorm.weight", "model.layers.{n}.input_layernorm.weight",
-            layers="first", formats=("speculators",), note="normalises the token embeddings"),
+    KeyRule(
+        "layers.{n}.post_attention_layernorm.weight",
+        "model.layers.{n}.post_attention_layernorm.weight",
+    ),
+    KeyRule(
+        "layers.{n}.hidden_norm.weight",
+        "model.layers.{n}.hidden_norm.weight",
+        layers="first",
+        formats=("speculators",),
+    ),
+    KeyRule(
+        "layers.{n}.input_layernorm.weight",
+        "model.layers.{n}.input_layernorm.weight",
+        layers="first",
+        formats=("speculators",),
+        note="normalises the token embeddings",
+    ),
     # speculators' layers >= 1 are ordinary decoder layers: they normalise their input with
     # input_layernorm. SGLang's eagle3 layers >= 1 fuse that add+norm into `hidden_norm`.
-    KeyRule("layers.{n}.input_layernorm.weight", "model.layers.{n}.hidden_norm.weight",
-            layers="rest", formats=("speculators",),
-            note="speculators layers >= 1 normalise with input_layernorm; SGLang names it "
-                 "hidden_norm"),
-    KeyRule("layers.{n}.hidden_norm.weight", "model.layers.{n}.hidden_norm.weight",
-            formats=("sglang",)),
-    KeyRule("layers.{n}.input_layernorm.weight", "model.layers.{n}.input_layernorm.weight",
-            formats=("sglang",)),
+    KeyRule(
+        "layers.{n}.input_layernorm.weight",
+        "model.layers.{n}.hidden_norm.weight",
+        layers="rest",
+        formats=("speculators",),
+        note="speculators layers >= 1 normalise with input_layernorm; SGLang names it hidden_norm",
+    ),
+    KeyRule(
+        "layers.{n}.hidden_norm.weight", "model.layers.{n}.hidden_norm.weight", formats=("sglang",)
+    ),
+    KeyRule(
+        "layers.{n}.input_layernorm.weight",
+        "model.layers.{n}.input_layernorm.weight",
+        formats=("sglang",),
+    ),
 )
 
 # SGLang-format dialect renames (llama_eagle3.py:load_weights legacy_name_map), as data.
@@ -651,10 +686,10 @@ def canonical_checkpoint_name(name: str, fmt: str) -> str:
     """Strip SGLang-dialect prefixes (`model.`, `midlayer.`) to the table's names."""
     if fmt == "sglang":
         if name.startswith("model."):
-            name = name[len("model."):]
+            name = name[len("model.") :]
         for old, new in SGLANG_LEGACY_PREFIXES:
             if name.startswith(old):
-                name = new + name[len(old):]
+                name = new + name[len(old) :]
     return name
 
 

@@ -10,8 +10,9 @@ from sglang_ext.demo import Variant, build_drafter, write_target  # noqa: F401
 VARIANTS = {
     "default": Variant(),
     "three_layers": Variant(name="three_layers", num_layers=3),
-    "norms_off": Variant(name="norms_off", norm_before_residual=False, norm_before_fc=False,
-                         norm_output=False),
+    "norms_off": Variant(
+        name="norms_off", norm_before_residual=False, norm_before_fc=False, norm_output=False
+    ),
     "fc_norm": Variant(name="fc_norm", norm_before_fc=False, fc_norm=True),
     "qwen3": Variant(name="qwen3", layer_type="qwen3"),
     "no_d2t": Variant(name="no_d2t", draft_vocab_size=None),

@@ -35,7 +35,10 @@ def init_sglang_cpu(model_path: str) -> None:
         port = sock.getsockname()[1]
     runtime_context.get_context().set_server_args(ServerArgs(model_path=model_path, device="cpu"))
     init_distributed_environment(
-        world_size=1, rank=0, local_rank=0, backend="gloo",
+        world_size=1,
+        rank=0,
+        local_rank=0,
+        backend="gloo",
         distributed_init_method=f"tcp://127.0.0.1:{port}",
     )
     parallel = runtime_context.get_parallel()

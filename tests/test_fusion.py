@@ -10,8 +10,7 @@ from sglang_cpu import forward_batch, use_reference_attention
 
 from sglang_ext.fusion import FusionError, FusionPolicy, check_algorithm
 
-POLICY = FusionPolicy(drafter="d", num_aux_hidden_states=3, fc_input_hidden_size=64,
-                      hidden_size=64)
+POLICY = FusionPolicy(drafter="d", num_aux_hidden_states=3, fc_input_hidden_size=64, hidden_size=64)
 
 
 def mode(name):
@@ -122,13 +121,29 @@ def mla_drafter(num_aux=3):
     from sglang_ext.models.kimi_k25_eagle3 import Eagle3DeepseekV2ForCausalLM
 
     config = DeepseekV3Config(
-        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-        num_attention_heads=4, num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=16,
-        qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, tie_word_embeddings=False,
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        q_lora_rank=32,
+        kv_lora_rank=16,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=16,
+        v_head_dim=16,
+        tie_word_embeddings=False,
         max_position_embeddings=512,
-        rope_parameters={"rope_type": "yarn", "factor": 1.0, "rope_theta": 10000.0,
-                         "original_max_position_embeddings": 512, "beta_fast": 32,
-                         "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
+        rope_parameters={
+            "rope_type": "yarn",
+            "factor": 1.0,
+            "rope_theta": 10000.0,
+            "original_max_position_embeddings": 512,
+            "beta_fast": 32,
+            "beta_slow": 1,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+        },
     )
     config.draft_vocab_size = 128
     config.eagle_config = {"eagle_aux_hidden_state_layer_ids": list(range(1, num_aux + 1))}
@@ -158,7 +173,8 @@ def test_mla_drafter_fusion_policy(sglang_env):
 def test_mla_drafter_refuses_eagle_algorithm(sglang_env, monkeypatch):
     from sglang_ext import compat
 
-    monkeypatch.setattr(compat, "server_args",
-                        lambda: SimpleNamespace(speculative_algorithm="EAGLE"))
+    monkeypatch.setattr(
+        compat, "server_args", lambda: SimpleNamespace(speculative_algorithm="EAGLE")
+    )
     with pytest.raises(FusionError, match="EAGLE3"):
         mla_drafter()

@@ -46,13 +46,14 @@ def test_good_drafter_doctor_ok_zero_missing_unexpected(drafter, target_dir):
     assert report["aux_layers"]["captured_layers"] == [1, 3, 4]
     assert report["aux_layers"]["sglang_ids"] == [0, 2, 3]
     assert report["stock_sglang"]["startup"] == "fails"
-    for key in ("format", "verdict", "errors", "warnings", "tensors", "aux_layers",
-                "stock_sglang"):
+    for key in ("format", "verdict", "errors", "warnings", "tensors", "aux_layers", "stock_sglang"):
         assert key in report
 
 
-@pytest.mark.parametrize("name", ["three_layers", "qwen3", "no_d2t", "fc_norm", "own_embeddings",
-                                  "small_window", "norms_off"])
+@pytest.mark.parametrize(
+    "name",
+    ["three_layers", "qwen3", "no_d2t", "fc_norm", "own_embeddings", "small_window", "norms_off"],
+)
 def test_every_variant_loads_with_nothing_left_random(sglang_env, drafter, name):
     directory, reference = drafter(name)
     model = server_load(directory)
@@ -74,20 +75,34 @@ def _counts(report):
 
 
 BAD = {
-    "missing": (lambda t: t.pop("layers.0.hidden_norm.weight"),
-                "model.layers.0.hidden_norm.weight: missing"),
-    "missing_shard": (lambda t: t.pop("layers.0.self_attn.v_proj.weight"),
-                      "qkv_proj.weight[shard v]: missing"),
-    "extra": (lambda t: t.update({"layers.0.self_attn.rotary.inv_freq": torch.zeros(8)}),
-              "layers.0.self_attn.rotary.inv_freq: unexpected tensor"),
-    "extra_layer": (lambda t: t.update({"layers.1.mlp.down_proj.weight": torch.zeros(64, 128)}),
-                    "config has 1 draft layer"),
-    "shape": (lambda t: t.update({"fc.weight": torch.zeros(64, 128)}),
-              "fc.weight: shape mismatch (expected [64, 192], found [64, 128] F32)"),
-    "dtype": (lambda t: t.update({"d2t": t["d2t"].float()}),
-              "d2t: dtype mismatch (expected [128] I64, found [128] F32)"),
-    "int_weight": (lambda t: t.update({"norm.weight": t["norm.weight"].to(torch.int32)}),
-                   "norm.weight: dtype mismatch"),
+    "missing": (
+        lambda t: t.pop("layers.0.hidden_norm.weight"),
+        "model.layers.0.hidden_norm.weight: missing",
+    ),
+    "missing_shard": (
+        lambda t: t.pop("layers.0.self_attn.v_proj.weight"),
+        "qkv_proj.weight[shard v]: missing",
+    ),
+    "extra": (
+        lambda t: t.update({"layers.0.self_attn.rotary.inv_freq": torch.zeros(8)}),
+        "layers.0.self_attn.rotary.inv_freq: unexpected tensor",
+    ),
+    "extra_layer": (
+        lambda t: t.update({"layers.1.mlp.down_proj.weight": torch.zeros(64, 128)}),
+        "config has 1 draft layer",
+    ),
+    "shape": (
+        lambda t: t.update({"fc.weight": torch.zeros(64, 128)}),
+        "fc.weight: shape mismatch (expected [64, 192], found [64, 128] F32)",
+    ),
+    "dtype": (
+        lambda t: t.update({"d2t": t["d2t"].float()}),
+        "d2t: dtype mismatch (expected [128] I64, found [128] F32)",
+    ),
+    "int_weight": (
+        lambda t: t.update({"norm.weight": t["norm.weight"].to(torch.int32)}),
+        "norm.weight: dtype mismatch",
+    ),
     "no_d2t": (lambda t: t.pop("d2t"), "d2t: missing"),
 }
 

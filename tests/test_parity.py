@@ -87,8 +87,8 @@ def test_own_embeddings_survive_set_embed(sglang_env, drafter):
     directory, reference = drafter("own_embeddings")
     spec, model = plugin_model(directory, reference)
     torch.testing.assert_close(
-        model.model.embed_tokens.weight, load_file(str(directory / "model.safetensors"))[
-            "embed_tokens.weight"]
+        model.model.embed_tokens.weight,
+        load_file(str(directory / "model.safetensors"))["embed_tokens.weight"],
     )
 
 

@@ -15,8 +15,12 @@ import pytest
 from sglang_ext import compat
 from sglang_ext.speculators_format import DrafterConfigError
 
-ARCHS = ("LlamaForCausalLMEagle3", "Eagle3DraftModel", "Eagle3Speculator",
-         "Eagle3DeepseekV2ForCausalLM")
+ARCHS = (
+    "LlamaForCausalLMEagle3",
+    "Eagle3DraftModel",
+    "Eagle3Speculator",
+    "Eagle3DeepseekV2ForCausalLM",
+)
 
 
 @pytest.fixture(scope="module")
@@ -67,8 +71,14 @@ def test_external_model_package_env_also_works():
         "print(ModelRegistry.resolve_model_cls(['LlamaForCausalLMEagle3'])[0].__module__)\n"
     )
     env = dict(os.environ, SGLANG_EXTERNAL_MODEL_PACKAGE="sglang_ext.models")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         check=True, timeout=300).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    ).stdout.split()
     assert out[-2:] == ["sglang_ext.models.llama_eagle3"] * 2
 
 
@@ -151,13 +161,22 @@ def sglang_target(layers: int, family: str = "llama"):
         "llama": (LlamaForCausalLM, LlamaConfig, "llama"),
         "deepseek": (DeepseekV2ForCausalLM, DeepseekV3Config, "deepseek_v3"),
     }[family]
-    config = config_cls(vocab_size=256, hidden_size=64, num_hidden_layers=layers,
-                        num_attention_heads=4, num_key_value_heads=4)
+    config = config_cls(
+        vocab_size=256,
+        hidden_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+    )
     assert config.model_type == model_type
-    stub_cls = type(f"{cls.__name__}Target", (), {
-        "set_eagle3_layers_to_capture": cls.set_eagle3_layers_to_capture,
-        "__module__": cls.__module__,
-    })
+    stub_cls = type(
+        f"{cls.__name__}Target",
+        (),
+        {
+            "set_eagle3_layers_to_capture": cls.set_eagle3_layers_to_capture,
+            "__module__": cls.__module__,
+        },
+    )
     stub = stub_cls()
     stub.config, stub.capture_aux_hidden_states = config, False
     stub.pp_group = SimpleNamespace(is_last_rank=True)
@@ -169,14 +188,23 @@ def configure_capture(model, ids):
     from sglang.srt.model_executor.model_runner_components import attention_backend_setup
 
     attention_backend_setup.configure_aux_hidden_state_capture(
-        model=model, eagle_use_aux_hidden_state=True, eagle_aux_hidden_state_layer_ids=ids,
-        dflash_use_aux_hidden_state=False, dflash_target_layer_ids=None, is_dspark=False,
+        model=model,
+        eagle_use_aux_hidden_state=True,
+        eagle_aux_hidden_state_layer_ids=ids,
+        dflash_use_aux_hidden_state=False,
+        dflash_target_layer_ids=None,
+        is_dspark=False,
     )
 
 
 def serve_with(monkeypatch, draft_dir):
-    monkeypatch.setattr(compat, "server_args", lambda: SimpleNamespace(
-        speculative_draft_model_path=str(draft_dir), speculative_algorithm="EAGLE3"))
+    monkeypatch.setattr(
+        compat,
+        "server_args",
+        lambda: SimpleNamespace(
+            speculative_draft_model_path=str(draft_dir), speculative_algorithm="EAGLE3"
+        ),
+    )
 
 
 def test_capture_hook_converts_speculators_ids_for_llama(registered, drafter, monkeypatch):
@@ -191,9 +219,16 @@ def test_capture_hook_rejects_collapsing_default_ids(registered, tmp_path, monke
     """Stock SGLang 0.5.17, 4-layer target, SGLang-format drafter without aux ids: the first
     request kills the scheduler (mat1 and mat2 shapes cannot be multiplied (4x512 and
     768x256)). With the plugin: a startup error naming the cause."""
-    config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
-              "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
-              "intermediate_size": 128, "vocab_size": 256, "draft_vocab_size": 256}
+    config = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "hidden_size": 64,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+        "intermediate_size": 128,
+        "vocab_size": 256,
+        "draft_vocab_size": 256,
+    }
     (tmp_path / "config.json").write_text(json.dumps(config))
     serve_with(monkeypatch, tmp_path)
     with pytest.raises(DrafterConfigError) as info:
@@ -215,8 +250,10 @@ def test_capture_hook_converts_speculators_ids_for_deepseek(registered, tmp_path
         target = sglang_target(8, "deepseek")
         seen = {}
         original = type(target).set_eagle3_layers_to_capture
-        type(target).set_eagle3_layers_to_capture = (
-            lambda self, ids, _o=original: (seen.setdefault("ids", ids), _o(self, ids))[1])
+        type(target).set_eagle3_layers_to_capture = lambda self, ids, _o=original, _s=seen: (
+            _s.setdefault("ids", ids),
+            _o(self, ids),
+        )[1]
         configure_capture(target, list(aux))
         assert seen["ids"] == passed
         assert target.model.layers_to_capture == list(aux)
@@ -229,11 +266,15 @@ def test_capture_rules_match_sglangs_own_methods():
 
     from sglang_ext.speculators_format import captured_layers_from_sglang_ids
 
-    for cls, rule in ((LlamaForCausalLM, "plus_one"),
-                      (DeepseekV2ForCausalLM, "plus_one_if_first_is_one")):
+    for cls, rule in (
+        (LlamaForCausalLM, "plus_one"),
+        (DeepseekV2ForCausalLM, "plus_one_if_first_is_one"),
+    ):
         for ids in ([1, 3, 5], [2, 4, 6], [0, 2, 3], None):
-            stub = SimpleNamespace(pp_group=SimpleNamespace(is_last_rank=True),
-                                   config=SimpleNamespace(num_hidden_layers=8),
-                                   model=SimpleNamespace(layers_to_capture=[]))
+            stub = SimpleNamespace(
+                pp_group=SimpleNamespace(is_last_rank=True),
+                config=SimpleNamespace(num_hidden_layers=8),
+                model=SimpleNamespace(layers_to_capture=[]),
+            )
             cls.set_eagle3_layers_to_capture(stub, ids)
             assert stub.model.layers_to_capture == captured_layers_from_sglang_ids(ids, rule, 8)

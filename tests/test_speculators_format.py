@@ -110,14 +110,20 @@ def test_config_py_is_never_imported(drafter, tmp_path):
 
 def test_key_table_routes_speculators_names():
     assert route("layers.0.self_attn.q_proj.weight", "speculators")[:2] == (
-        "model.layers.0.self_attn.qkv_proj.weight", "q")
+        "model.layers.0.self_attn.qkv_proj.weight",
+        "q",
+    )
     assert route("layers.0.mlp.up_proj.weight", "speculators")[:2] == (
-        "model.layers.0.mlp.gate_up_proj.weight", 1)
+        "model.layers.0.mlp.gate_up_proj.weight",
+        1,
+    )
     assert route("layers.0.input_layernorm.weight", "speculators")[0] == (
-        "model.layers.0.input_layernorm.weight")
+        "model.layers.0.input_layernorm.weight"
+    )
     # layers >= 1: speculators' input_layernorm is SGLang's hidden_norm
     assert route("layers.2.input_layernorm.weight", "speculators")[0] == (
-        "model.layers.2.hidden_norm.weight")
+        "model.layers.2.hidden_norm.weight"
+    )
     assert route("layers.2.hidden_norm.weight", "speculators") is None
     assert route("fc_norm.1.weight", "speculators")[0] == "model.fc_norm.1.weight"
     assert route("some.other.weight", "speculators") is None
@@ -125,17 +131,21 @@ def test_key_table_routes_speculators_names():
 
 def test_key_table_reads_sglang_dialects():
     assert route("midlayer.self_attn.k_proj.weight", "sglang")[:2] == (
-        "model.layers.0.self_attn.qkv_proj.weight", "k")
+        "model.layers.0.self_attn.qkv_proj.weight",
+        "k",
+    )
     assert route("model.layers.0.hidden_norm.weight", "sglang")[0] == (
-        "model.layers.0.hidden_norm.weight")
+        "model.layers.0.hidden_norm.weight"
+    )
     assert route("aux_norm_mid.weight", "sglang")[0] == "model.fc_norm.1.weight"
 
 
 def llama_target(tmp_path, layers=6, model_type="llama"):
     from sglang_ext.demo import write_target
 
-    return TargetInfo.from_path(write_target(tmp_path / f"t{layers}{model_type}", layers=layers,
-                                             model_type=model_type))
+    return TargetInfo.from_path(
+        write_target(tmp_path / f"t{layers}{model_type}", layers=layers, model_type=model_type)
+    )
 
 
 def test_aux_ids_convert_per_target_class():
@@ -179,9 +189,16 @@ def test_hidden_size_and_vocab_mismatch(drafter, tmp_path):
 
 
 def test_multimodal_target_reads_text_config(tmp_path):
-    config = {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
-              "text_config": {"model_type": "deepseek_v3", "num_hidden_layers": 61,
-                              "hidden_size": 7168, "vocab_size": 163840}}
+    config = {
+        "architectures": ["KimiK25ForConditionalGeneration"],
+        "model_type": "kimi_k25",
+        "text_config": {
+            "model_type": "deepseek_v3",
+            "num_hidden_layers": 61,
+            "hidden_size": 7168,
+            "vocab_size": 163840,
+        },
+    }
     (tmp_path / "config.json").write_text(json.dumps(config))
     info = TargetInfo.from_path(tmp_path)
     assert (info.num_hidden_layers, info.hidden_size, info.model_type) == (61, 7168, "deepseek_v3")

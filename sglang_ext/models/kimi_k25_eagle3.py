@@ -22,11 +22,14 @@ class Eagle3MLAModel(upstream.Eagle3MLAModel):
     def fuse_target_features(self, hidden_states: torch.Tensor) -> torch.Tensor:
         if self.fc_norm is not None:
             chunks = hidden_states.chunk(self.num_aux_hidden_states, dim=-1)
-            hidden_states = torch.cat([norm(c) for norm, c in zip(self.fc_norm, chunks)], dim=-1)
+            normed = [norm(c) for norm, c in zip(self.fc_norm, chunks, strict=True)]
+            hidden_states = torch.cat(normed, dim=-1)
         hidden_states, _ = self.fc(hidden_states)
         return self._fc_gatherer(hidden_states)
 
-    def forward(self, input_ids, positions, forward_batch, input_embeds=None, pp_proxy_tensors=None):
+    def forward(
+        self, input_ids, positions, forward_batch, input_embeds=None, pp_proxy_tensors=None
+    ):
         embeds = token_embeddings(self.embed_tokens, input_ids, forward_batch, input_embeds)
         hidden_states = forward_batch.spec_info.hidden_states
         if self.fusion.applies(forward_batch.forward_mode, hidden_states.shape[-1]):
@@ -54,7 +57,9 @@ def fusion_policy_for(config) -> FusionPolicy:
 class Eagle3DeepseekV2ForCausalLM(upstream.Eagle3DeepseekV2ForCausalLM):
     def __init__(self, config, quant_config=None, prefix: str = "") -> None:
         policy = fusion_policy_for(config)
-        check_algorithm(getattr(compat.server_args(), "speculative_algorithm", None), policy.drafter)
+        check_algorithm(
+            getattr(compat.server_args(), "speculative_algorithm", None), policy.drafter
+        )
         super().__init__(config, quant_config=quant_config, prefix=prefix)
         self.model.__class__ = Eagle3MLAModel
         self.model.fusion = policy

@@ -67,10 +67,13 @@ class Eagle3Model(upstream.LlamaModel):
             hidden_states = self.input_norm(hidden_states)
         if self.fc_norm is not None:  # speculators fc_norm (Eagle 3.1)
             chunks = hidden_states.chunk(self.num_aux_hidden_states, dim=-1)
-            hidden_states = torch.cat([norm(c) for norm, c in zip(self.fc_norm, chunks)], dim=-1)
+            normed = [norm(c) for norm, c in zip(self.fc_norm, chunks, strict=True)]
+            hidden_states = torch.cat(normed, dim=-1)
         return self.fc(hidden_states)
 
-    def forward(self, input_ids, positions, forward_batch, input_embeds=None, pp_proxy_tensors=None):
+    def forward(
+        self, input_ids, positions, forward_batch, input_embeds=None, pp_proxy_tensors=None
+    ):
         embeds = token_embeddings(self.embed_tokens, input_ids, forward_batch, input_embeds)
         if self.is_mrope_enabled:
             positions = forward_batch.mrope_positions
@@ -81,7 +84,9 @@ class Eagle3Model(upstream.LlamaModel):
             return hidden_states, [hidden_states]
         residual = None
         for layer in self.layers:
-            hidden_states, residual = layer(positions, embeds, hidden_states, forward_batch, residual)
+            hidden_states, residual = layer(
+                positions, embeds, hidden_states, forward_batch, residual
+            )
         normed, pre_norm = self.norm(hidden_states, residual)
         # The state fed to the next draft step: post-norm with speculators' norm_output.
         return normed, [normed if self.norm_output else pre_norm]

@@ -1,0 +1,35 @@
+"""GPU tests: real SGLang servers on a CUDA machine. Marked `gpu`; skipped without CUDA."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:  # noqa: BLE001 - no torch / broken driver: no GPU tests
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu_items = [item for item in items if HERE in Path(item.path).parents]
+    if not gpu_items:
+        return
+    skip = (
+        None
+        if _cuda_available()
+        else pytest.mark.skip(
+            reason="needs a CUDA GPU (real SGLang servers); run `pytest -m gpu` on a GPU node"
+        )
+    )
+    for item in gpu_items:
+        item.add_marker(pytest.mark.gpu)
+        if skip is not None:
+            item.add_marker(skip)
