@@ -1,0 +1,655 @@
+"""Tests for sglang_ext.bench (CPU only).
+
+Response data: ``tests/data/recorded_requests_synthetic_bench_responses.jsonl``. These are
+SYNTHETIC responses, built from the synthetic per-request counters in
+``recorded_requests_synthetic_drafter_health.jsonl`` with the exact meta_info layout that
+SGLang's ``TokenizerManager._calculate_spec_decoding_metrics`` produces in 0.5.17 (with its
+backward-compat aliases ``spec_accepted_drafts`` / ``spec_proposed_drafts`` /
+``spec_accept_histogram``) and 0.5.23 (without), the ``sglext.spec_tokens_details`` block of
+0.5.23's /v1/completions, and the keys added by sglang_ext.metrics. Not captured from a live
+server (no GPU here).
+
+The HTTP test at the end replays those bodies from a tiny local ``http.server``: it tests
+the client's I/O (request bodies, SSE parsing, error handling) only. It is NOT an
+integration test of SGLang.
+"""
+
+from __future__ import annotations
+
+import http.server
+import io
+import json
+import socket
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from sglang_ext import bench as b
+
+DATA = Path(__file__).parent / "data" / "recorded_requests_synthetic_bench_responses.jsonl"
+HEALTH = Path(__file__).parent / "data" / "recorded_requests_synthetic_drafter_health.jsonl"
+
+
+@pytest.fixture(scope="module")
+def recorded() -> list[dict]:
+    with DATA.open() as f:
+        return [json.loads(x) for x in f if x.strip()]
+
+
+def pick(recorded, style, api, rid=None):
+    out = [
+        r
+        for r in recorded
+        if r["style"] == style and r["api"] == api and (rid is None or r["rid"] == rid)
+    ]
+    assert out, (style, api, rid)
+    return out
+
+
+# ------------------------------------------------------------------ prompts
+
+
+def test_parse_prompt_lines_valid():
+    lines = [
+        '{"prompt": "hello"}',
+        "",
+        '  {"input_ids": [1, 2, 3]}  ',
+        json.dumps({"prompt": "multi\nline"}),
+    ]
+    ps = b.parse_prompt_lines(lines, "f.jsonl")
+    assert ps == [
+        b.Prompt(text="hello"),
+        b.Prompt(input_ids=(1, 2, 3)),
+        b.Prompt(text="multi\nline"),
+    ]
+    assert ps[1].describe() == "<3 input ids>"
+
+
+@pytest.mark.parametrize(
+    "line, msg",
+    [
+        ("{not json", "f.jsonl:2: invalid JSON"),
+        ('["a"]', "f.jsonl:2: expected a JSON object"),
+        ('{"prompt": "a", "input_ids": [1]}', "exactly one"),
+        ('{"text": "a"}', "exactly one"),
+        ('{"prompt": ""}', "non-empty string"),
+        ('{"input_ids": []}', "non-empty list"),
+        ('{"input_ids": [1, -2]}', "non-empty list"),
+        ('{"input_ids": [true]}', "non-empty list"),
+        ('{"input_ids": "1 2"}', "non-empty list"),
+    ],
+)
+def test_parse_prompt_lines_errors(line, msg):
+    with pytest.raises(b.BenchError, match=msg):
+        b.parse_prompt_lines(['{"prompt": "ok"}', line], "f.jsonl")
+
+
+def test_parse_prompt_lines_empty():
+    with pytest.raises(b.BenchError, match="no prompts"):
+        b.parse_prompt_lines(["", "  "], "f.jsonl")
+
+
+def test_load_prompts_file_default_and_missing(tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "a"}\n{"input_ids": [5, 6]}\n')
+    ps, src = b.load_prompts(str(f))
+    assert len(ps) == 2 and src == str(f)
+    ps, src = b.load_prompts(None)
+    assert src.startswith("bundled:") and len(ps) >= 16
+    assert all(p.text for p in ps)
+    with pytest.raises(b.BenchError, match="cannot read prompt file"):
+        b.load_prompts(str(tmp_path / "missing.jsonl"))
+
+
+def test_select_prompts_cycles():
+    ps = [b.Prompt(text=str(k)) for k in range(3)]
+    assert [p.text for p in b.select_prompts(ps, 7)] == ["0", "1", "2", "0", "1", "2", "0"]
+    assert b.select_prompts(ps, None) == ps
+    assert [p.text for p in b.select_prompts(ps, 2)] == ["0", "1"]
+
+
+# ------------------------------------------------------------------ acceptance extraction
+
+# healthy-01: V=83 verify steps, A=116 accepted drafts, 200 completion tokens, S=3,
+# histogram [25, 21, 16, 21] -> per position accepted [58, 37, 21] of 83.
+H01 = dict(V=83, A=116, C=200, acc_pp=[58, 37, 21])
+
+
+@pytest.mark.parametrize(
+    "style, api, source",
+    [
+        ("sglang-0.5.23", "generate", "sglang"),
+        ("sglang-0.5.17", "generate", "sglang"),
+        ("sglang-0.5.23+sglang_ext", "generate", "sglang_ext"),
+        ("sglang-0.5.17+sglang_ext", "generate", "sglang_ext"),
+        ("sglang-0.5.23", "openai", "sglang"),
+    ],
+)
+def test_extract_acceptance_all_styles_agree(recorded, style, api, source):
+    (row,) = pick(recorded, style, api, "healthy-01")
+    res = b.make_result(0, _normalise(row), latency_s=2.0, ttft_s=0.05, num_positions=3)
+    a = res.acceptance
+    assert a.source == source
+    assert res.completion_tokens == H01["C"]
+    assert a.verify_steps == H01["V"]
+    assert a.accepted_draft_tokens == H01["A"]
+    assert a.proposed_draft_tokens == 3 * H01["V"]
+    assert a.accept_length == pytest.approx((H01["A"] + H01["V"]) / H01["V"])  # 2.3976
+    assert a.sglang_accept_length == pytest.approx(H01["C"] / H01["V"])  # 2.4096
+    assert a.accept_rate == pytest.approx(H01["A"] / (3 * H01["V"]))
+    assert a.accepted_per_position == H01["acc_pp"]
+    assert a.proposed_per_position == [H01["V"]] * 3
+    assert a.accept_per_position == pytest.approx([x / H01["V"] for x in H01["acc_pp"]])
+    assert res.tok_per_s == pytest.approx(100.0)
+    assert res.tpot_s == pytest.approx((2.0 - 0.05) / 199)
+
+
+def _normalise(row):
+    if row["api"] == "generate":
+        return row["response"]
+    acc: dict = {}
+    b.normalise_openai(row["response"], acc)
+    return acc
+
+
+def test_extract_acceptance_0517_aliases_only():
+    info = {
+        "spec_verify_ct": 10,
+        "spec_accepted_drafts": 12,
+        "spec_proposed_drafts": 30,
+        "spec_accept_histogram": [3, 2, 3, 2],
+    }
+    a = b.extract_acceptance(info, 23, 3)
+    assert a.source == "sglang"
+    assert a.accept_length == pytest.approx(2.2)
+    assert a.accept_rate == pytest.approx(0.4)
+    assert a.sglang_accept_length == pytest.approx(2.3)
+    assert a.accepted_per_position == [7, 5, 2]
+
+
+def test_extract_acceptance_estimated_and_missing():
+    a = b.extract_acceptance({"spec_verify_ct": 10, "spec_accept_length": 2.5}, 25)
+    assert a.source == "sglang_estimated"
+    assert a.accepted_draft_tokens == 14 and a.accept_length == pytest.approx(2.4)
+    assert b.extract_acceptance({}, 25).accept_length is None
+    assert b.extract_acceptance({"spec_verify_ct": 0}, 25).accept_length is None
+    assert b.extract_acceptance(None, 25).source is None
+
+
+def test_openai_0517_reports_no_acceptance(recorded):
+    (row,) = pick(recorded, "sglang-0.5.17", "openai", "healthy-01")
+    res = b.make_result(0, _normalise(row), 1.0, None)
+    assert res.acceptance.accept_length is None
+    assert res.completion_tokens == 200 and res.tpot_s is None
+    summary = b.summarize([res], 1.0)
+    w = b.acceptance_warnings(summary, "openai")
+    assert len(w) == 1 and "NOT REPORTED" in w[0] and "--api generate" in w[0]
+
+
+def test_per_position_from_histogram_matches_metrics_module():
+    from sglang_ext import metrics
+
+    for hist in ([25, 21, 16, 21], [9], [4, 2], [0, 0, 0, 5], [1, 0, 0, 0, 2]):
+        assert b.per_position_from_histogram(hist, 3) == metrics.per_position_from_histogram(
+            hist, 3
+        )
+
+
+# ------------------------------------------------------------------ summary, compare
+
+
+def _results(recorded, style):
+    rows = pick(recorded, style, "generate")
+    return [
+        b.make_result(k, r["response"], latency_s=1.0 + k, ttft_s=0.1, num_positions=3)
+        for k, r in enumerate(rows)
+    ]
+
+
+def test_summarize_pooled_acceptance(recorded):
+    res = _results(recorded, "sglang-0.5.23")
+    res.append(b.RequestResult(index=99, ok=False, error="boom"))
+    s = b.summarize(res, wall_s=10.0)
+    rows = [r["response"]["meta_info"] for r in pick(recorded, "sglang-0.5.23", "generate")]
+    V = sum(m["spec_verify_ct"] for m in rows)
+    A = sum(m["spec_num_correct_drafts"] for m in rows)
+    C = sum(m["completion_tokens"] for m in rows)
+    acc = s["acceptance"]
+    assert s["num_ok"] == 4 and s["num_failed"] == 1
+    assert s["completion_tokens_total"] == C
+    assert s["output_tok_per_s"] == pytest.approx(C / 10.0)
+    assert acc["available"] and acc["sources"] == ["sglang"]
+    assert acc["accept_length"] == pytest.approx((A + V) / V)
+    assert acc["sglang_accept_length"] == pytest.approx(C / V)
+    assert acc["accept_rate"] == pytest.approx(A / (3 * V))
+    assert sum(acc["accepted_per_position"]) == A
+    assert acc["proposed_per_position"] == [V] * 3
+    assert sum(h["count"] for h in acc["accept_length_histogram"]) == 4
+    # The random-drafter request (accept length 1.0) lands in the first bin.
+    assert acc["accept_length_histogram"][0]["count"] == 1
+    assert s["latency_s"]["p50"] == pytest.approx(2.5)
+    # Styles agree on the pooled figures.
+    s17 = b.summarize(_results(recorded, "sglang-0.5.17"), 10.0)["acceptance"]
+    sx = b.summarize(_results(recorded, "sglang-0.5.23+sglang_ext"), 10.0)["acceptance"]
+    for k in ("accept_length", "accept_rate", "accepted_per_position", "sglang_accept_length"):
+        assert s17[k] == pytest.approx(acc[k]) and sx[k] == pytest.approx(acc[k])
+
+
+def test_compare_speedup_and_eta():
+    spec = {
+        "output_tok_per_s": 90.0,
+        "tpot_s": {"mean": 0.010},
+        "acceptance": {"accept_length": 3.6},
+    }
+    base = {"output_tok_per_s": 30.0, "tpot_s": {"mean": 0.032}}
+    c = b.compare(spec, base)
+    assert c["speedup"] == pytest.approx(3.0)
+    assert c["tpot_speedup"] == pytest.approx(3.2)
+    assert c["eta"] == pytest.approx(3.0 / 3.6)
+    assert c["eta_tpot"] == pytest.approx(3.2 / 3.6)
+    # The incident: 24.8 tok/s speculative vs 30 baseline, accept length 1.0.
+    bad = b.compare(
+        {"output_tok_per_s": 24.8, "tpot_s": {}, "acceptance": {"accept_length": 1.0}}, base
+    )
+    assert bad["speedup"] == pytest.approx(24.8 / 30) and bad["eta"] == pytest.approx(0.8267, 1e-3)
+    none = b.compare({"output_tok_per_s": None, "acceptance": {}}, base)
+    assert none["speedup"] is None and none["eta"] is None
+
+
+def test_warnings_for_broken_and_healthy(recorded):
+    rows = pick(recorded, "sglang-0.5.23", "generate")
+    random_row = [r for r in rows if r["rid"].startswith("random")]
+    healthy = [r for r in rows if r["rid"].startswith("healthy")]
+    s_bad = b.summarize([b.make_result(0, random_row[0]["response"], 1.0, 0.1)], 1.0)
+    w = b.acceptance_warnings(s_bad, "generate")
+    assert len(w) == 1 and w[0].startswith("ACCEPT LENGTH 1.00")
+    s_ok = b.summarize(
+        [b.make_result(k, r["response"], 1.0, 0.1) for k, r in enumerate(healthy)], 1
+    )
+    assert b.acceptance_warnings(s_ok, "generate") == []
+    (nospec,) = pick(recorded, "sglang-0.5.23-nospec", "generate")
+    s_none = b.summarize([b.make_result(0, nospec["response"], 1.0, 0.1)], 1.0)
+    assert "NOT REPORTED" in b.acceptance_warnings(s_none, "generate")[0]
+    text = b.banner(w)
+    lines = text.splitlines()
+    assert len(lines) == 3 and lines[1].startswith("!!! ACCEPT LENGTH 1.00")
+    assert set(lines[0]) == {"!"} == set(lines[2])
+    est = b.summarize(
+        [b.make_result(0, {"meta_info": {"completion_tokens": 25, "spec_verify_ct": 10}}, 1, 0)],
+        1.0,
+    )
+    assert any("estimated" in x for x in b.acceptance_warnings(est, "generate"))
+
+
+def test_format_summary_and_tables(recorded):
+    res = _results(recorded, "sglang-0.5.23+sglang_ext")
+    s = b.summarize(res, 10.0)
+    text = b.format_summary(s, "speculative")
+    assert "ACCEPT LENGTH (exact)" in text
+    assert f"{s['acceptance']['accept_length']:.3f}" in text
+    assert "sglang accept length" in text and "ACCEPT RATE" in text
+    assert "per-position acceptance" in text
+    table = b.format_requests_table([*res, b.RequestResult(index=7, ok=False, error="x")])
+    assert len(table.splitlines()) == 6 and "FAILED: x" in table
+    (nospec,) = pick(recorded, "sglang-0.5.23-nospec", "generate")
+    s0 = b.summarize([b.make_result(0, nospec["response"], 1.0, 0.1)], 1.0)
+    assert "NOT REPORTED" in b.format_summary(s0)
+    cmp = b.compare(s, s0)
+    text = b.format_comparison(s, s0, cmp)
+    assert "SPEEDUP" in text and "eta = speedup / accept length" in text
+
+
+REPORT_SCHEMA = {
+    "type": "object",
+    "required": [
+        "schema",
+        "config",
+        "server",
+        "summary",
+        "requests",
+        "warnings",
+        "baseline",
+        "comparison",
+    ],
+    "properties": {
+        "schema": {"const": "sglang_ext.bench/1"},
+        "summary": {
+            "type": "object",
+            "required": ["num_ok", "num_failed", "output_tok_per_s", "tpot_s", "acceptance"],
+            "properties": {
+                "acceptance": {
+                    "type": "object",
+                    "required": [
+                        "available",
+                        "accept_length",
+                        "sglang_accept_length",
+                        "accept_rate",
+                        "accept_per_position",
+                    ],
+                }
+            },
+        },
+        "requests": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["index", "ok", "completion_tokens", "latency_s", "acceptance"],
+                "not": {"required": ["text"]},
+            },
+        },
+        "comparison": {
+            "type": ["object", "null"],
+            "properties": {"speedup": {}, "eta": {}},
+        },
+    },
+}
+
+
+def test_report_json_schema(recorded):
+    jsonschema = pytest.importorskip("jsonschema")
+    res = _results(recorded, "sglang-0.5.23")
+    s = b.summarize(res, 10.0)
+    rep = b.build_report(
+        config={"url": "u"},
+        server={"url": "u", "speculative_algorithm": "EAGLE3"},
+        results=res,
+        summary=s,
+        warnings=b.acceptance_warnings(s, "generate"),
+    )
+    rep = json.loads(json.dumps(rep))  # JSON-serialisable
+    jsonschema.validate(rep, REPORT_SCHEMA)
+    assert rep["requests"][0]["acceptance"]["accepted_per_position"] is not None
+    bad = dict(rep)
+    del bad["summary"]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, REPORT_SCHEMA)
+
+
+def test_progress_plain_stderr():
+    buf = io.StringIO()
+    p = b.Progress(20, "spec", stream=buf, use_tqdm=False)
+    for _ in range(20):
+        p.update("acc_len=2.00")
+    p.close()
+    lines = buf.getvalue().splitlines()
+    assert lines[-1].startswith("spec: 20/20") and 10 <= len(lines) <= 12
+
+
+# ------------------------------------------------------------------ CLI
+
+
+def test_cli_parsing():
+    p = b.build_parser()
+    a = p.parse_args([])
+    assert (a.url, a.api, a.concurrency, a.max_new_tokens, a.warmup, a.stream) == (
+        "http://127.0.0.1:30000",
+        "generate",
+        1,
+        256,
+        2,
+        True,
+    )
+    assert a.num_requests is None and a.baseline_url is None and a.min_accept_length is None
+    a = p.parse_args(
+        [
+            "--url=http://h:1",
+            "--api",
+            "openai",
+            "--model",
+            "m",
+            "--prompts",
+            "p.jsonl",
+            "--num-requests",
+            "50",
+            "--concurrency",
+            "8",
+            "--max-new-tokens",
+            "64",
+            "--warmup",
+            "0",
+            "--no-stream",
+            "--baseline-url",
+            "http://h:2",
+            "--out",
+            "r.json",
+            "--plot",
+            "x.png",
+            "--per-request",
+            "--no-progress",
+            "--min-accept-length",
+            "2.5",
+            "--ignore-eos",
+            "--timeout",
+            "30",
+        ]
+    )
+    assert a.api == "openai" and a.concurrency == 8 and not a.stream and not a.progress
+    assert a.min_accept_length == 2.5 and a.ignore_eos and a.timeout == 30.0
+    for bad in (["--concurrency", "0"], ["--api", "grpc"], ["--warmup", "-1"]):
+        with pytest.raises(SystemExit):
+            p.parse_args(bad)
+
+
+def test_build_body():
+    spec = b.RequestSpec(api="generate", url="http://h:1/", max_new_tokens=8)
+    url, body = b.build_body(spec, b.Prompt(input_ids=(1, 2)))
+    assert url == "http://h:1/generate"
+    assert body["input_ids"] == [1, 2] and "text" not in body
+    assert body["sampling_params"] == {"temperature": 0.0, "max_new_tokens": 8, "ignore_eos": False}
+    spec = b.RequestSpec(api="openai", url="http://h:1", max_new_tokens=8, model="m")
+    url, body = b.build_body(spec, b.Prompt(text="hi"))
+    assert url == "http://h:1/v1/completions"
+    assert body["prompt"] == "hi" and body["max_tokens"] == 8 and body["model"] == "m"
+    assert body["return_spec_tokens_details"] is True
+    assert body["stream_options"] == {"include_usage": True}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_main_unreachable_server(capsys):
+    rc = b.main(["--url", f"http://127.0.0.1:{_free_port()}", "--no-progress", "--timeout", "5"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "not reachable" in err and "--url" in err
+
+
+def test_main_bad_prompt_file(tmp_path, capsys):
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": 3}\n')
+    assert b.main(["--prompts", str(f), "--no-progress"]) == 2
+    assert "p.jsonl:1" in capsys.readouterr().err
+
+
+def test_main_plot_without_matplotlib(monkeypatch, capsys, tmp_path):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import raises ImportError
+    assert b.main(["--plot", str(tmp_path / "x.png")]) == 2
+    assert "matplotlib" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ client I/O (local stub)
+
+
+class _Replay(http.server.BaseHTTPRequestHandler):
+    """Replays recorded response bodies. Client I/O test only; not SGLang."""
+
+    responses: dict = {}
+    server_info: dict = {}
+    seen: list = []
+
+    def log_message(self, *a):  # quiet
+        pass
+
+    def _send_json(self, obj, code=200):
+        data = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        if self.path == "/health":
+            self._send_json({})
+        elif self.path == "/server_info":
+            self._send_json(self.server_info)
+        else:
+            self._send_json({"detail": "not found"}, 404)
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).seen.append((self.path, body))
+        key = "generate" if self.path == "/generate" else "openai"
+        if self.path not in ("/generate", "/v1/completions"):
+            return self._send_json({"detail": "not found"}, 404)
+        prompt = body.get("text") or body.get("prompt") or ""
+        if prompt == "FAIL":
+            return self._send_json({"error": {"message": "bad request"}}, 400)
+        rows = self.responses[key]
+        resp = rows[len(type(self).seen) % len(rows)]
+        if not body.get("stream"):
+            return self._send_json(resp)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        for chunk in _stream_chunks(key, resp):
+            self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            self.wfile.flush()
+        self.wfile.write(b"data: [DONE]\n\n")
+
+
+def _stream_chunks(key, resp):
+    if key == "generate":
+        meta = resp["meta_info"]
+        partial = {
+            k: v for k, v in meta.items() if not k.startswith("spec_") and k != "e2e_latency"
+        }
+        yield {"text": resp["text"][:3], "meta_info": {**partial, "completion_tokens": 1}}
+        yield resp
+    else:
+        ch = resp["choices"][0]
+        yield {"id": resp["id"], "choices": [{"index": 0, "text": ch["text"][:3]}]}
+        yield {
+            "id": resp["id"],
+            "choices": [{"index": 0, "text": ch["text"][3:], "finish_reason": ch["finish_reason"]}],
+        }
+        if "sglext" in resp:
+            yield {"id": resp["id"], "choices": [], "sglext": resp["sglext"]}
+        yield {"id": resp["id"], "choices": [], "usage": resp["usage"]}
+
+
+def _serve(responses, server_info):
+    handler = type(
+        "H", (_Replay,), {"responses": responses, "server_info": server_info, "seen": []}
+    )
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    return srv, handler, f"http://127.0.0.1:{srv.server_address[1]}"
+
+
+@pytest.fixture
+def stub_servers(recorded):
+    spec_rows = {
+        "generate": [r["response"] for r in pick(recorded, "sglang-0.5.23+sglang_ext", "generate")],
+        "openai": [r["response"] for r in pick(recorded, "sglang-0.5.23", "openai")],
+    }
+    base_rows = {
+        "generate": [r["response"] for r in pick(recorded, "sglang-0.5.23-nospec", "generate")],
+        "openai": [r["response"] for r in pick(recorded, "sglang-0.5.17", "openai")],
+    }
+    info = {
+        "version": "0.5.23",
+        "speculative_algorithm": "EAGLE3",
+        "speculative_num_steps": 3,
+        "speculative_eagle_topk": 1,
+        "speculative_num_draft_tokens": 4,
+        "speculative_draft_model_path": "/models/drafter",
+        "unrelated": 1,
+    }
+    s1, h1, u1 = _serve(spec_rows, info)
+    s2, h2, u2 = _serve(base_rows, {"version": "0.5.23", "speculative_algorithm": None})
+    yield (u1, h1), (u2, h2)
+    for s in (s1, s2):
+        s.shutdown()
+        s.server_close()
+
+
+@pytest.mark.parametrize("api", ["generate", "openai"])
+@pytest.mark.parametrize("stream", [True, False])
+def test_client_io_against_local_replay_server(stub_servers, tmp_path, capsys, api, stream):
+    (url, h1), (burl, h2) = stub_servers
+    out = tmp_path / "report.json"
+    argv = [
+        "--url",
+        url,
+        "--baseline-url",
+        burl,
+        "--api",
+        api,
+        "--num-requests",
+        "6",
+        "--concurrency",
+        "3",
+        "--warmup",
+        "1",
+        "--max-new-tokens",
+        "64",
+        "--out",
+        str(out),
+        "--no-progress",
+        "--per-request",
+    ]
+    if not stream:
+        argv.append("--no-stream")
+    rc = b.main(argv)
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    # Warm-up + timed requests reached each server, with the right body.
+    assert len(h1.seen) == 7 and len(h2.seen) == 7
+    path, body = h1.seen[-1]
+    assert path == ("/generate" if api == "generate" else "/v1/completions")
+    assert body["stream"] is stream
+    rep = json.loads(out.read_text())
+    assert rep["server"]["speculative_num_steps"] == 3 and "unrelated" not in rep["server"]
+    acc = rep["summary"]["acceptance"]
+    assert acc["available"] and rep["summary"]["num_ok"] == 6
+    assert len(acc["accept_per_position"]) == 3
+    assert rep["baseline"]["summary"]["acceptance"]["available"] is False
+    assert rep["comparison"]["speedup"] is not None and rep["comparison"]["eta"] is not None
+    for r in rep["requests"]:
+        assert (r["tpot_s"] is not None) is stream
+        assert r["ttft_s"] is None or r["ttft_s"] <= r["latency_s"]
+    assert "ACCEPT LENGTH (exact)" in text and "SPEEDUP" in text
+    if api == "openai":
+        assert acc["sources"] == ["sglang"]
+    else:
+        assert acc["sources"] == ["sglang_ext"]
+
+
+def test_client_io_failures_and_min_accept_length(stub_servers, tmp_path, capsys):
+    (url, _), (burl, _) = stub_servers
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "FAIL"}\n{"prompt": "ok"}\n')
+    rc = b.main(["--url", url, "--prompts", str(f), "--warmup", "0", "--no-progress"])
+    cap = capsys.readouterr()
+    assert rc == 1 and "HTTP 400" in cap.err
+    # Baseline server has no acceptance -> requiring an accept length fails loudly.
+    rc = b.main(["--url", burl, "--warmup", "0", "--no-progress", "--min-accept-length", "1.5"])
+    cap = capsys.readouterr()
+    assert rc == 3 and "ACCEPTANCE NOT REPORTED" in cap.out and "min-accept-length" in cap.err
+    rc = b.main(["--url", url, "--warmup", "0", "--no-progress", "--min-accept-length", "1.5"])
+    assert rc == 0
+
+
+def test_plot_written(tmp_path, recorded):
+    pytest.importorskip("matplotlib")
+    res = _results(recorded, "sglang-0.5.23")
+    p = tmp_path / "x.png"
+    b.write_plot(str(p), b.summarize(res, 1.0), res)
+    assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
