@@ -55,6 +55,7 @@ class Server:
     env: dict[str, str] = field(default_factory=dict)
     mem_fraction: float = 0.05
     max_bs: int = 4
+    gpu: int = 0  # --base-gpu-id: spreads the small servers over the GPUs of the node
     log_dir: Path = Path("/tmp")
     process: subprocess.Popen | None = None
     status: str = "not started"
@@ -88,6 +89,8 @@ class Server:
         ]
         if self.draft:
             cmd += ["--speculative-draft-model-path", self.draft, *SPEC_FLAGS]
+        if self.gpu:
+            cmd += ["--base-gpu-id", str(self.gpu)]
         return cmd + self.extra
 
     def start(self) -> None:

@@ -59,6 +59,19 @@ def gpu_info() -> dict:
     return info
 
 
+def gpu_count_safe() -> int:
+    try:
+        return gpu_count()
+    except Exception:  # noqa: BLE001 - no torch/CUDA: the test is skipped anyway
+        return 0
+
+
+def gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
 def versions() -> dict:
     from importlib.metadata import version
 
@@ -179,6 +192,14 @@ def cluster():
                 max_bs=4,
             )
         )
+    if gpu_count() >= 2:
+        # Throughput pairs stay together on GPU 0; the checks that only need a server move to
+        # GPU 1; TP=2 spans both.
+        for server in servers:
+            if server.name in ("stock_speculators", "guard_plugin", "guard_stock", "random",
+                               "three_layer", "qwen3", "dsv3"):
+                server.gpu = 1
+        servers.append(Server("tp2", llama, next(port), drafter, ["--tp-size", "2"]))
     for server in servers:
         server.log_dir = LOG_DIR
     LOG_DIR.mkdir(parents=True, exist_ok=True)
@@ -228,7 +249,7 @@ def write_results(statuses) -> None:
         "attention_backend": "triton",
         **RESULTS,
     }
-    data.setdefault("tp2", {"tau_served": None, "note": "not run (single-GPU node)"})
+    data.setdefault("tp2", {"tau_served": None, "note": "not run (fewer than 2 GPUs)"})
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     path = RESULTS_DIR / f"integration-{now.date().isoformat()}-{gpu_slug}.json"
     path.write_text(json.dumps(data, indent=2, default=str) + "\n")
@@ -517,6 +538,7 @@ def test_variants_serve(cluster, name, drafter):
 @pytest.mark.skipif(not PATCHED_SITE, reason="SGLANG_EXT_PATCHED_SITE not set")
 def test_patched_sglang_without_plugin_matches_plugin(cluster):
     server = cluster["patched"]
+    RESULTS["patched"] = {"status": server.status}
     assert server.status == "ready", server.log_text()[-3000:]
     prompts = load_prompts()
     ids = [p["input_ids"] for p in prompts]
@@ -535,3 +557,19 @@ def test_patched_sglang_without_plugin_matches_plugin(cluster):
     assert identical == len(prompts)
     if plugin_tau:
         assert abs(tau - plugin_tau) / plugin_tau <= 0.01
+
+
+@pytest.mark.skipif(gpu_count_safe() < 2, reason="TP=2 needs 2 GPUs")
+def test_tp2_serves_with_the_same_acceptance(cluster):
+    server = cluster["tp2"]
+    RESULTS["tp2"] = {"status": server.status}
+    assert server.status == "ready", server.log_text()[-3000:]
+    prompts = load_prompts()
+    outputs = server.generate_many([p["input_ids"] for p in prompts], MAX_NEW_TOKENS)
+    tau = served_tau(outputs)
+    single = RESULTS.get("acceptance", {}).get("tau_served")
+    RESULTS["tp2"] = {"status": server.status, "tau_served": round(tau, 4),
+                      "tp1_tau_served": single, "tp": 2, "prompts": len(prompts)}
+    if single:
+        RESULTS["tp2"]["relative_difference"] = round(abs(tau - single) / single, 4)
+        assert abs(tau - single) / single <= 0.02
