@@ -553,7 +553,7 @@ def test_patched_sglang_without_plugin_matches_plugin(cluster):
     patched = server.generate_many(ids, MAX_NEW_TOKENS)
     identical = sum(a["output_ids"] == b["output_ids"] for a, b in zip(base, patched, strict=True))
     tau = served_tau(patched)
-    plugin_tau = RESULTS.get("acceptance", {}).get("tau_served")
+    plugin_tau = RESULTS.get("acceptance", {}).get("tau_served_256_tokens")
     RESULTS["patched"] = {
         "site": PATCHED_SITE,
         "lossless_identical": identical,
@@ -574,7 +574,7 @@ def test_tp2_serves_with_the_same_acceptance(cluster):
     prompts = load_prompts()
     outputs = server.generate_many([p["input_ids"] for p in prompts], MAX_NEW_TOKENS)
     tau = served_tau(outputs)
-    single = RESULTS.get("acceptance", {}).get("tau_served")
+    single = RESULTS.get("acceptance", {}).get("tau_served_256_tokens")
     RESULTS["tp2"] = {"status": server.status, "tau_served": round(tau, 4),
                       "tp1_tau_served": single, "tp": 2, "prompts": len(prompts)}
     if single:
