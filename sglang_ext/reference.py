@@ -1,0 +1,622 @@
+"""Offline reference for EAGLE-3 chain speculative decoding (greedy, topk=1).
+
+This module is the ground truth that SGLang's measured acceptance length is compared
+against. It is a small, deliberately naive plain-PyTorch loop:
+
+* the **target** is a transformers ``*ForCausalLM`` run on the whole sequence every cycle
+  (no KV cache: every forward is a full causal recompute, which is mathematically what a
+  KV-cached server computes);
+* the **drafter** is a speculators ``Eagle3DraftModel`` whose *modules* (``embed_tokens``,
+  ``input_norm``/``fc_norm``, ``fc``, ``layers``, ``rotary_emb``, ``norm``, ``lm_head``,
+  ``d2t``) are driven by our own chain loop -- NOT by speculators' teacher-forced training
+  ``forward``. The drafter is also recomputed causally from scratch for every draft step.
+
+Semantics (mirrors SGLang's EAGLE-3 worker with ``--speculative-eagle-topk 1``):
+
+1. Prefill: the target runs on the prompt ``x_0..x_{n-1}``; its greedy next token ``t``
+   is the first emitted token; aux features ``g_i`` (i < n) are the concatenation of
+   ``hidden_states[k]`` for each aux id ``k``. Aux ids use the speculators / vLLM
+   convention: id ``k`` is the hidden state *entering* decoder layer ``k``, i.e. HF
+   ``output_hidden_states[k]`` (id ``num_layers`` = final decoder output *before* the
+   final norm).
+2. Draft: the drafter pair at sequence index ``i`` is ``(embed(x_{i+1}), fc(norm(g_i)))``
+   -- tokens shifted left by one with the newest token appended. The argmax at the last
+   pair gives ``d_1`` (draft-vocab id ``d`` maps to target id ``d + d2t[d]``). Each of the
+   ``S - 1`` further steps appends the pair ``(embed(d_j), h_j)`` causally after the
+   context, where ``h_j`` is the drafter's own output hidden state of the previous step
+   (post-norm if ``norm_output`` else pre-norm); the fc is not re-applied.
+3. Verify: the target runs on ``seq + [d_1..d_S]``; the longest prefix of drafts that
+   matches the target's greedy predictions is accepted, followed by the target's bonus
+   token. ``accepted + 1`` tokens are emitted per cycle; the last cycle is truncated at
+   ``max_new_tokens`` (like SGLang, the prefill token counts towards ``max_new_tokens``).
+
+RoPE positions: the drafter pair ``(x_{i+1}, g_i)`` is placed at position
+``i + position_offset``. SGLang uses the position of ``g_i`` (offset 0, the default here);
+speculators' training (``shift_batch``) uses the position of ``x_{i+1}`` (offset 1).
+RoPE only sees relative positions, so both give the same attention up to float rounding;
+the unit tests use offset 1 to compare bit-for-bit against speculators' ``forward``.
+
+Numerics: ties between near-equal logits can flip greedy argmaxes between two correct
+implementations in bf16 (different kernels, accumulation order). For the tiny fixture
+targets fp32 is cheap, so fp32 is the default everywhere; bf16 is available for speed.
+
+Import cost: only ``torch`` is imported at module import; transformers / speculators /
+safetensors are imported lazily inside the functions that need them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = [
+    "ChainOutput",
+    "SpecResult",
+    "collect_hidden_states",
+    "default_aux_layer_ids",
+    "draft_chain",
+    "drafter_aux_layer_ids",
+    "drafter_fc",
+    "drafter_to_target_ids",
+    "evaluate_tau",
+    "greedy_decode",
+    "load_drafter",
+    "load_target",
+    "speculative_generate",
+    "target_forward",
+    "use_eager_experts",
+]
+
+# Keys of a speculators Eagle3DraftModel state dict that are never saved by its
+# save_pretrained (see Eagle3DraftModel._keys_to_ignore_on_save); they are only used by
+# the training loss, not for drafting.
+_TRAINING_ONLY_KEYS = frozenset({"verifier_lm_head.weight", "verifier_norm.weight"})
+
+Proposer = Callable[[list[int], torch.Tensor, int], list[int]]
+
+
+# --------------------------------------------------------------------------------------
+# Loading
+# --------------------------------------------------------------------------------------
+
+
+def _as_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    return {
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float16": torch.float16,
+    }[dtype]
+
+
+def load_target(
+    path: str | Path,
+    device: str | torch.device = "cpu",
+    dtype: str | torch.dtype = torch.float32,
+    attn_implementation: str = "sdpa",
+):
+    """Load a transformers causal LM from a local directory (never from the Hub)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        str(path),
+        dtype=_as_dtype(dtype),
+        attn_implementation=attn_implementation,
+        local_files_only=True,
+    )
+    return use_eager_experts(model).to(device).eval()
+
+
+def use_eager_experts(model):
+    """Run MoE experts with transformers' plain per-expert loop (any dtype / device).
+
+    transformers 5 defaults MoE experts to ``grouped_mm``, whose availability depends on
+    dtype, device and torch version; the fixtures' MoE targets are tiny, so the eager loop
+    is both fast enough and the most portable choice. No-op for dense models.
+    """
+    cfg = _text_config(model.config)
+    is_moe = any(
+        getattr(cfg, k, None) for k in ("n_routed_experts", "num_experts", "num_local_experts")
+    )
+    if is_moe and hasattr(model, "set_experts_implementation"):
+        try:
+            model.set_experts_implementation("eager")
+        except (ValueError, NotImplementedError):
+            pass
+    return model
+
+
+def load_drafter(
+    path: str | Path,
+    device: str | torch.device = "cpu",
+    dtype: str | torch.dtype = torch.float32,
+    attn_implementation: str = "sdpa",
+):
+    """Build a speculators ``Eagle3DraftModel`` from a local speculators-format directory.
+
+    The config is read from ``config.json`` and the model is constructed from it; the
+    weights are then loaded from ``model.safetensors`` with a strict key check. This does
+    not touch the verifier (``speculators_config.verifier.name_or_path``), so fixtures can
+    be moved between machines, and it never goes through any Hub-loading code path.
+    """
+    from safetensors.torch import load_file
+    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
+
+    path = Path(path)
+    config_dict = json.loads((path / "config.json").read_text())
+    if config_dict.get("speculators_model_type") != "eagle3":
+        raise ValueError(f"{path} is not a speculators eagle3 checkpoint")
+    config = Eagle3SpeculatorConfig.from_dict(config_dict)
+    config.transformer_layer_config._attn_implementation = attn_implementation
+    model = Eagle3DraftModel(config)
+
+    state: dict[str, torch.Tensor] = {}
+    for shard in sorted(path.glob("*.safetensors")):
+        state.update(load_file(str(shard)))
+    expected = set(model.state_dict().keys())
+    missing = sorted(expected - set(state) - _TRAINING_ONLY_KEYS)
+    unexpected = sorted(set(state) - expected)
+    if missing or unexpected:
+        raise ValueError(
+            f"drafter checkpoint {path} does not match Eagle3DraftModel: "
+            f"missing={missing} unexpected={unexpected}"
+        )
+    model.load_state_dict(state, strict=False)
+    model = model.to(device=device, dtype=_as_dtype(dtype)).eval()
+    for name in ("embed_tokens", "lm_head", "fc"):
+        if torch.isnan(getattr(model, name).weight).any():
+            raise ValueError(f"drafter {path}: {name}.weight contains NaN (never loaded)")
+    return model
+
+
+# --------------------------------------------------------------------------------------
+# Target
+# --------------------------------------------------------------------------------------
+
+
+def default_aux_layer_ids(num_layers: int) -> list[int]:
+    """speculators' default aux ids (``resolve_target_layer_ids``): [2, L//2, L-3]."""
+    return [2, num_layers // 2, num_layers - 3]
+
+
+def drafter_aux_layer_ids(drafter, target=None) -> list[int]:
+    ids = drafter.config.eagle_aux_hidden_state_layer_ids
+    if ids:
+        return list(ids)
+    if target is None:
+        raise ValueError("drafter has no eagle_aux_hidden_state_layer_ids; pass the target")
+    return default_aux_layer_ids(_text_config(target.config).num_hidden_layers)
+
+
+def _text_config(config):
+    return getattr(config, "text_config", None) or config
+
+
+def _final_norm(model) -> torch.nn.Module:
+    base = getattr(model, "model", None)
+    norm = getattr(base, "norm", None)
+    if norm is None:
+        raise ValueError(f"cannot find the final norm of {type(model).__name__}")
+    return norm
+
+
+def collect_hidden_states(model, input_ids: torch.Tensor, **forward_kwargs):
+    """Run ``model`` and return ``(logits, hidden_states)``.
+
+    ``hidden_states`` has ``num_layers + 1`` entries with the vLLM / speculators meaning:
+    entry ``k`` is the residual stream entering decoder layer ``k`` (entry 0 = token
+    embeddings) and entry ``num_layers`` is the output of the last decoder layer BEFORE
+    the final norm. transformers (v5, ``capture_outputs(tie_last_hidden_states=True)``)
+    replaces ``output_hidden_states[-1]`` with the post-norm ``last_hidden_state``; we undo
+    that by capturing the input of the final norm with a forward pre-hook.
+    """
+    captured: list[torch.Tensor] = []
+    handle = _final_norm(model).register_forward_pre_hook(
+        lambda _module, args: captured.append(args[0])
+    )
+    try:
+        out = model(
+            input_ids=input_ids, output_hidden_states=True, use_cache=False, **forward_kwargs
+        )
+    finally:
+        handle.remove()
+    if len(captured) != 1:
+        raise RuntimeError(f"final norm ran {len(captured)} times, expected 1")
+    hidden = list(out.hidden_states)
+    num_layers = _text_config(model.config).num_hidden_layers
+    if len(hidden) != num_layers + 1:
+        raise RuntimeError(f"expected {num_layers + 1} hidden states, got {len(hidden)}")
+    hidden[-1] = captured[0]
+    return out.logits, hidden
+
+
+@torch.no_grad()
+def target_forward(target, ids: Sequence[int] | torch.Tensor, aux_layer_ids: Sequence[int]):
+    """Full causal target forward. Returns ``(logits [N, V] fp32, aux [N, K*H])``."""
+    device = next(target.parameters()).device
+    input_ids = torch.as_tensor(
+        list(ids) if not torch.is_tensor(ids) else ids, dtype=torch.long, device=device
+    ).reshape(1, -1)
+    logits, hidden = collect_hidden_states(target, input_ids)
+    aux = torch.cat([hidden[k][0] for k in aux_layer_ids], dim=-1)
+    return logits[0].float(), aux
+
+
+# --------------------------------------------------------------------------------------
+# Drafter (built from speculators' modules, our own chain semantics)
+# --------------------------------------------------------------------------------------
+
+
+def drafter_fc(drafter, aux: torch.Tensor) -> torch.Tensor:
+    """Project concatenated aux states ``[..., K*H]`` to the drafter width ``[..., H]``."""
+    h = aux.to(drafter.fc.weight.dtype)
+    if drafter.input_norm is not None:  # norm_before_fc
+        h = drafter.input_norm(h)
+    if drafter.fc_norm is not None:  # per-aux-chunk norm
+        chunks = h.chunk(len(drafter.fc_norm), dim=-1)
+        h = torch.cat([norm(c) for norm, c in zip(drafter.fc_norm, chunks, strict=True)], -1)
+    return drafter.fc(h)
+
+
+def drafter_to_target_ids(drafter, draft_ids: torch.Tensor) -> torch.Tensor:
+    """Map draft-vocab ids to target ids: ``target = d + d2t[d]`` (identity without d2t)."""
+    if drafter.d2t is None:
+        return draft_ids
+    return draft_ids + drafter.d2t[draft_ids]
+
+
+def _layer_masks(drafter, seq_len: int, dtype: torch.dtype, device) -> list[torch.Tensor]:
+    """Additive causal masks ``[1, 1, T, T]`` per drafter layer (sliding window per config).
+
+    Window semantics follow speculators' ``create_combined_mask_mod``: key ``k`` is visible
+    from query ``q`` iff ``k <= q`` and ``k > q - sliding_window``.
+    """
+    q = torch.arange(seq_len, device=device).unsqueeze(1)
+    k = torch.arange(seq_len, device=device).unsqueeze(0)
+    causal = k <= q
+    cache: dict[bool, torch.Tensor] = {}
+    masks = []
+    for idx in range(len(drafter.layers)):
+        sliding = idx in drafter.sliding_window_indices and drafter.sliding_window is not None
+        if sliding not in cache:
+            allowed = causal & (k > q - drafter.sliding_window) if sliding else causal
+            mask = torch.zeros(seq_len, seq_len, dtype=dtype, device=device)
+            mask.masked_fill_(~allowed, float("-inf"))
+            cache[sliding] = mask[None, None]
+        masks.append(cache[sliding])
+    return masks
+
+
+def _drafter_backbone(
+    drafter, token_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor
+) -> torch.Tensor:
+    """Causal pass of the drafter decoder stack over pairs ``(token_ids[i], hidden[i])``.
+
+    Returns the pre-norm output ``[T, H]``. Layer 0 is speculators' Eagle3 first layer
+    (cat(input_layernorm(embeds), hidden_norm(hidden)), residual = hidden or normalized
+    hidden if ``norm_before_residual``); layers >= 1 are ordinary decoder layers.
+    """
+    embeds = drafter.embed_tokens(token_ids)[None]
+    x = torch.cat([embeds, hidden[None].to(embeds.dtype)], dim=-1)
+    pos = positions[None]
+    position_embeddings = drafter.rotary_emb(x, pos)
+    masks = _layer_masks(drafter, x.shape[1], x.dtype, x.device)
+    for layer, mask in zip(drafter.layers, masks, strict=True):
+        out = layer(
+            x, attention_mask=mask, position_ids=pos, position_embeddings=position_embeddings
+        )
+        x = out[0] if isinstance(out, tuple) else out
+    return x[0]
+
+
+def _drafter_head(drafter, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return ``(logits over the draft vocab, hidden fed to the next step)``."""
+    normed = drafter.norm(x)
+    logits = drafter.lm_head(normed)
+    feed = normed if drafter.config.norm_output else x
+    return logits, feed
+
+
+@dataclass
+class ChainOutput:
+    target_ids: list[int]  # S proposed tokens, target vocab
+    draft_ids: list[int]  # S proposed tokens, draft vocab
+    logits: list[torch.Tensor]  # S tensors [draft_vocab] (fp32), last-position logits
+
+
+@torch.no_grad()
+def draft_chain(
+    drafter,
+    seq_ids: Sequence[int],
+    aux: torch.Tensor,
+    num_steps: int,
+    position_offset: int = 0,
+    forced_tokens: Sequence[int] | None = None,
+) -> ChainOutput:
+    """Propose ``num_steps`` tokens after ``seq_ids`` with a topk=1 chain.
+
+    ``seq_ids`` = ``x_0..x_N`` (the newest token ``x_N`` has no aux state yet) and ``aux``
+    = ``[N, K*H]`` aux states of ``x_0..x_{N-1}``. ``forced_tokens`` (target ids) replaces
+    the drafter's own proposals as the *inputs* of steps 2..S (teacher forcing; used by the
+    tests to compare with speculators' training forward).
+    """
+    n_ctx = len(seq_ids) - 1
+    if aux.shape[0] != n_ctx:
+        raise ValueError(f"aux has {aux.shape[0]} rows, expected len(seq_ids)-1={n_ctx}")
+    device = drafter.fc.weight.device
+    tokens = torch.as_tensor(list(seq_ids[1:]), dtype=torch.long, device=device)
+    hidden = drafter_fc(drafter, aux.to(device))
+    positions = torch.arange(n_ctx, device=device) + position_offset
+
+    out = ChainOutput(target_ids=[], draft_ids=[], logits=[])
+    for step in range(num_steps):
+        x = _drafter_backbone(drafter, tokens, hidden, positions)
+        logits, feed = _drafter_head(drafter, x[-1])
+        draft_id = int(torch.argmax(logits).item())
+        target_id = int(drafter_to_target_ids(drafter, torch.tensor(draft_id, device=device)))
+        out.draft_ids.append(draft_id)
+        out.target_ids.append(target_id)
+        out.logits.append(logits.float())
+        if step + 1 == num_steps:
+            break
+        next_token = target_id if forced_tokens is None else int(forced_tokens[step])
+        tokens = torch.cat([tokens, torch.tensor([next_token], device=device)])
+        hidden = torch.cat([hidden, feed[None].to(hidden.dtype)])
+        positions = torch.cat([positions, positions[-1:] + 1])
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# Speculative decoding loop
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class SpecResult:
+    prompt_len: int
+    tokens: list[int]  # emitted tokens (prefill token first), truncated at max_new_tokens
+    num_cycles: int  # verify forwards
+    accepted_per_cycle: list[int]  # accepted drafts per cycle (before truncation)
+    emitted_per_cycle: list[int]  # tokens actually emitted per cycle (after truncation)
+    num_steps: int
+    tau: float  # (sum accepted + cycles) / cycles
+    sglang_accept_length: float  # completion_tokens / verify_ct (SGLang meta_info)
+    accept_rate: float  # sum accepted / (cycles * S) (SGLang spec_accept_rate)
+    per_position_acceptance: list[float] = field(default_factory=list)  # P(draft j accepted)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _summarize(prompt_len, tokens, accepted, emitted, num_steps) -> SpecResult:
+    cycles = len(accepted)
+    total_acc = sum(accepted)
+    per_pos = [
+        (sum(1 for a in accepted if a > j) / cycles) if cycles else float("nan")
+        for j in range(num_steps)
+    ]
+    return SpecResult(
+        prompt_len=prompt_len,
+        tokens=list(tokens),
+        num_cycles=cycles,
+        accepted_per_cycle=list(accepted),
+        emitted_per_cycle=list(emitted),
+        num_steps=num_steps,
+        tau=(total_acc + cycles) / cycles if cycles else float("nan"),
+        sglang_accept_length=len(tokens) / cycles if cycles else float("nan"),
+        accept_rate=total_acc / (cycles * num_steps) if cycles else float("nan"),
+        per_position_acceptance=per_pos,
+    )
+
+
+@torch.no_grad()
+def speculative_generate(
+    target,
+    drafter,
+    prompt_ids: Sequence[int],
+    num_steps: int = 3,
+    max_new_tokens: int = 128,
+    aux_layer_ids: Sequence[int] | None = None,
+    eos_token_id: int | None = None,
+    ignore_eos: bool = True,
+    position_offset: int = 0,
+    proposer: Proposer | None = None,
+) -> SpecResult:
+    """Greedy chain speculative decoding of one prompt (batch size 1).
+
+    ``proposer(seq_ids, aux, S) -> S target ids`` replaces the drafter (tests use it to
+    inject oracles with known acceptance); by default :func:`draft_chain` is used.
+    """
+    if num_steps < 1:
+        raise ValueError("num_steps must be >= 1")
+    if aux_layer_ids is None:
+        aux_layer_ids = drafter_aux_layer_ids(drafter, target)
+    seq = [int(t) for t in prompt_ids]
+    prompt_len = len(seq)
+    emitted: list[int] = []
+    accepted: list[int] = []
+    emitted_per_cycle: list[int] = []
+    if max_new_tokens <= 0:
+        return _summarize(prompt_len, emitted, accepted, emitted_per_cycle, num_steps)
+
+    logits, aux = target_forward(target, seq, aux_layer_ids)
+    first = int(torch.argmax(logits[-1]).item())
+    seq.append(first)
+    emitted.append(first)
+    finished = (not ignore_eos) and eos_token_id is not None and first == eos_token_id
+
+    while not finished and len(emitted) < max_new_tokens:
+        if proposer is None:
+            drafts = draft_chain(drafter, seq, aux, num_steps, position_offset).target_ids
+        else:
+            drafts = [int(t) for t in proposer(list(seq), aux, num_steps)]
+        if len(drafts) != num_steps:
+            raise ValueError(f"proposer returned {len(drafts)} drafts, expected {num_steps}")
+        logits, aux_full = target_forward(target, seq + drafts, aux_layer_ids)
+        preds = torch.argmax(logits[len(seq) - 1 :], dim=-1).tolist()  # S + 1 predictions
+        n_acc = 0
+        while n_acc < num_steps and drafts[n_acc] == preds[n_acc]:
+            n_acc += 1
+        new = drafts[:n_acc] + [preds[n_acc]]
+        accepted.append(n_acc)
+        new = new[: max_new_tokens - len(emitted)]
+        if not ignore_eos and eos_token_id is not None and eos_token_id in new:
+            new = new[: new.index(eos_token_id) + 1]
+            finished = True
+        emitted_per_cycle.append(len(new))
+        emitted.extend(new)
+        seq.extend(new)
+        # aux of every position except the newest token is the verify pass' aux:
+        # seq[:-1] is a prefix of the verified sequence.
+        aux = aux_full[: len(seq) - 1]
+    return _summarize(prompt_len, emitted, accepted, emitted_per_cycle, num_steps)
+
+
+@torch.no_grad()
+def greedy_decode(
+    target,
+    prompt_ids: Sequence[int],
+    max_new_tokens: int,
+    eos_token_id: int | None = None,
+    ignore_eos: bool = True,
+    use_cache: bool = False,
+) -> list[int]:
+    """Plain greedy decoding baseline (full recompute by default, like the loop above)."""
+    device = next(target.parameters()).device
+    seq = [int(t) for t in prompt_ids]
+    out: list[int] = []
+    past = None
+    next_input = torch.tensor([seq], dtype=torch.long, device=device)
+    while len(out) < max_new_tokens:
+        if use_cache:
+            res = target(input_ids=next_input, past_key_values=past, use_cache=True)
+            past = res.past_key_values
+        else:
+            res = target(input_ids=torch.tensor([seq], device=device), use_cache=False)
+        tok = int(torch.argmax(res.logits[0, -1]).item())
+        out.append(tok)
+        seq.append(tok)
+        next_input = torch.tensor([[tok]], dtype=torch.long, device=device)
+        if not ignore_eos and eos_token_id is not None and tok == eos_token_id:
+            break
+    return out
+
+
+def evaluate_tau(
+    target,
+    drafter,
+    prompts: Sequence[Sequence[int]],
+    num_steps: int = 3,
+    max_new_tokens: int = 128,
+    aux_layer_ids: Sequence[int] | None = None,
+    position_offset: int = 0,
+    lossless_check_prompts: int = 0,
+) -> dict[str, Any]:
+    """Run the reference loop over ``prompts`` and aggregate acceptance statistics.
+
+    ``tau`` is the cycle-weighted mean over all prompts ((sum accepted + cycles) / cycles);
+    ``tau_prompt_mean`` averages the per-prompt values. The first
+    ``lossless_check_prompts`` prompts are also greedy-decoded and compared token by token.
+    """
+    start = time.perf_counter()
+    results = [
+        speculative_generate(
+            target,
+            drafter,
+            p,
+            num_steps,
+            max_new_tokens,
+            aux_layer_ids,
+            position_offset=position_offset,
+        )
+        for p in prompts
+    ]
+    cycles = sum(r.num_cycles for r in results)
+    acc = sum(sum(r.accepted_per_cycle) for r in results)
+    tokens = sum(len(r.tokens) for r in results)
+    per_pos = [
+        sum(sum(1 for a in r.accepted_per_cycle if a > j) for r in results) / max(cycles, 1)
+        for j in range(num_steps)
+    ]
+    lossless = {"checked": 0, "mismatches": 0}
+    for prompt, res in list(zip(prompts, results, strict=True))[:lossless_check_prompts]:
+        base = greedy_decode(target, prompt, max_new_tokens)
+        lossless["checked"] += 1
+        lossless["mismatches"] += int(base != res.tokens)
+    taus = [r.tau for r in results if r.num_cycles]
+    return {
+        "num_prompts": len(results),
+        "num_steps": num_steps,
+        "max_new_tokens": max_new_tokens,
+        "position_offset": position_offset,
+        "tau": (acc + cycles) / cycles if cycles else float("nan"),
+        "tau_prompt_mean": sum(taus) / len(taus) if taus else float("nan"),
+        "sglang_accept_length": tokens / cycles if cycles else float("nan"),
+        "accept_rate": acc / (cycles * num_steps) if cycles else float("nan"),
+        "per_position_acceptance": per_pos,
+        "total_cycles": cycles,
+        "total_tokens": tokens,
+        "lossless_check": lossless,
+        "wall_s": round(time.perf_counter() - start, 3),
+        "per_prompt": [
+            {
+                "tau": r.tau,
+                "cycles": r.num_cycles,
+                "accepted": r.accepted_per_cycle,
+                "tokens": r.tokens,
+            }
+            for r in results
+        ],
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m sglang_ext.reference --target T --drafter D --prompts prompts.jsonl``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="offline EAGLE-3 reference tau")
+    parser.add_argument("--target", required=True)
+    parser.add_argument("--drafter", required=True)
+    parser.add_argument("--prompts", required=True, help="jsonl with an input_ids field")
+    parser.add_argument("--num-prompts", type=int, default=None)
+    parser.add_argument("--num-steps", type=int, default=3)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--position-offset", type=int, default=0)
+    parser.add_argument("--lossless-check-prompts", type=int, default=0)
+    parser.add_argument("--out", default=None, help="write the full summary JSON here")
+    args = parser.parse_args(argv)
+
+    with open(args.prompts) as fh:
+        prompts = [json.loads(line)["input_ids"] for line in fh if line.strip()]
+    prompts = prompts[: args.num_prompts] if args.num_prompts else prompts
+    target = load_target(args.target, args.device, args.dtype)
+    drafter = load_drafter(args.drafter, args.device, args.dtype)
+    summary = evaluate_tau(
+        target,
+        drafter,
+        prompts,
+        args.num_steps,
+        args.max_new_tokens,
+        position_offset=args.position_offset,
+        lossless_check_prompts=args.lossless_check_prompts,
+    )
+    if args.out:
+        Path(args.out).write_text(json.dumps(summary, indent=2) + "\n")
+    brief = {k: v for k, v in summary.items() if k != "per_prompt"}
+    print(json.dumps(brief, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,384 @@
+"""CPU tests of the offline EAGLE-3 reference loop (sglang_ext.reference).
+
+Everything is built in-process at toy scale in fp32: a random transformers Llama target
+saved to a temp dir, and speculators ``Eagle3DraftModel`` drafters built from config.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("speculators")
+
+from sglang_ext import reference as ref  # noqa: E402
+
+VOCAB = 96
+HIDDEN = 32
+LAYERS = 4
+AUX_IDS = [1, 2, 3]
+
+
+def _set_threads():
+    torch.set_num_threads(1)  # toy matmuls are dominated by thread-pool overhead
+
+
+@pytest.fixture(scope="module")
+def ref_target_dir(tmp_path_factory):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    _set_threads()
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=64,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )
+    model = LlamaForCausalLM(cfg)
+    # Larger logits than the 0.02 init: greedy decoding becomes less repetitive.
+    with torch.no_grad():
+        model.lm_head.weight.mul_(20.0)
+    path = tmp_path_factory.mktemp("target")
+    model.save_pretrained(str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def ref_target(ref_target_dir):
+    return ref.load_target(ref_target_dir)
+
+
+def _vocab_mapping(keep_zero: bool, draft_vocab: int = VOCAB // 2):
+    ids = torch.arange(draft_vocab) if keep_zero else torch.arange(1, draft_vocab + 1)
+    t2d = torch.zeros(VOCAB, dtype=torch.bool)
+    t2d[ids] = True
+    d2t = ids - torch.arange(draft_vocab)
+    return t2d, d2t
+
+
+def make_drafter(
+    ref_target_dir,
+    *,
+    num_layers=1,
+    norm_output=True,
+    norm_before_fc=True,
+    fc_norm=False,
+    norm_before_residual=True,
+    keep_zero=True,
+    seed=0,
+    attn="sdpa",
+    sliding_window=2048,
+):
+    from speculators.config import SpeculatorsConfig, VerifierConfig
+    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
+    from speculators.proposals.greedy import GreedyTokenProposalConfig
+    from transformers import LlamaConfig
+
+    layer_cfg = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=64,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=HIDDEN // 4,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        sliding_window=sliding_window,
+        use_sliding_window=True,
+        layer_types=["sliding_attention"] * num_layers,
+    )
+    layer_cfg._attn_implementation = attn
+    config = Eagle3SpeculatorConfig(
+        transformer_layer_config=layer_cfg,
+        draft_vocab_size=VOCAB // 2,
+        norm_before_residual=norm_before_residual,
+        norm_before_fc=norm_before_fc,
+        fc_norm=fc_norm,
+        norm_output=norm_output,
+        eagle_aux_hidden_state_layer_ids=AUX_IDS,
+        speculators_config=SpeculatorsConfig(
+            algorithm="eagle3",
+            proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=3)],
+            default_proposal_method="greedy",
+            verifier=VerifierConfig.from_pretrained(str(ref_target_dir)),
+        ),
+    )
+    torch.manual_seed(seed)
+    model = Eagle3DraftModel(config)
+    model.load_vocab_mappings(*_vocab_mapping(keep_zero))
+    model.load_verifier_weights()
+    with torch.no_grad():  # make the random drafter's proposals less degenerate
+        model.fc.weight.mul_(10.0)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def ref_drafter(ref_target_dir):
+    return make_drafter(ref_target_dir)
+
+
+def _prompt(seed: int, n: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, VOCAB, (n,), generator=g).tolist()
+
+
+# --------------------------------------------------------------------------------------
+# Hidden-state conventions
+# --------------------------------------------------------------------------------------
+
+
+def test_collect_hidden_states_conventions(ref_target):
+    target = ref_target
+    ids = torch.tensor([_prompt(1, 17)])
+    logits, hidden = ref.collect_hidden_states(target, ids)
+    with torch.no_grad():
+        out = target(input_ids=ids, output_hidden_states=True)
+    assert len(hidden) == LAYERS + 1
+    for k in range(LAYERS):  # entry k = residual stream entering layer k
+        torch.testing.assert_close(hidden[k], out.hidden_states[k], atol=0, rtol=0)
+    # the last entry is PRE-norm; norm(it) is transformers' (post-norm) hidden_states[-1]
+    torch.testing.assert_close(target.model.norm(hidden[-1]), out.hidden_states[-1])
+    assert not torch.allclose(hidden[-1], out.hidden_states[-1])
+    torch.testing.assert_close(logits, out.logits)
+
+
+# --------------------------------------------------------------------------------------
+# Tie the loop to speculators' own math
+# --------------------------------------------------------------------------------------
+
+
+def _speculators_step_logits(drafter, ids: list[int], aux: torch.Tensor, ttt_steps: int):
+    """speculators' teacher-forced forward on shift_batch-aligned inputs; lm_head outputs."""
+    captured: list[torch.Tensor] = []
+    handle = drafter.lm_head.register_forward_hook(
+        lambda _m, _i, out: captured.append(out.detach())
+    )
+    seq = len(ids) - 1
+    try:
+        with torch.no_grad():
+            drafter(
+                hidden_states=aux[:-1][None],  # g_0 .. g_{n-2}
+                input_ids=torch.tensor([ids[1:]]),  # x_1 .. x_{n-1}
+                document_ids=torch.zeros(1, seq, dtype=torch.long),
+                position_ids=torch.arange(1, seq + 1)[None],  # shift_batch: start at 1
+                ttt_steps=ttt_steps,
+            )
+    finally:
+        handle.remove()
+    assert len(captured) == ttt_steps
+    return [c[0] for c in captured]  # ttt_steps x [seq, draft_vocab]
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        dict(num_layers=1),
+        dict(num_layers=2),
+        dict(num_layers=1, norm_output=False, norm_before_residual=False),
+        dict(num_layers=2, norm_before_fc=False, fc_norm=True),
+        dict(num_layers=1, attn="eager"),
+        dict(num_layers=2, sliding_window=5),
+    ],
+    ids=["1layer", "2layer", "no-norm-output", "fc-norm", "eager", "window5"],
+)
+def test_draft_logits_match_speculators_forward(ref_target_dir, ref_target, variant):
+    target = ref_target
+    """Step k of our chain == TTT step k of speculators' teacher-forced forward.
+
+    With a binding sliding window only step 0 is comparable: in speculators' TTT mask the
+    window of a step-k query stays anchored at the chain start (plus k diagonal keys),
+    while at inference (and here) the window ends at the drafted token itself. The
+    fixtures use window 2048, which never binds at their sequence lengths.
+    """
+    drafter = make_drafter(ref_target_dir, seed=3, **variant)
+    steps = 1 if variant.get("sliding_window", 2048) < 24 else 3
+    ids = _prompt(7, 24)
+    _, aux = ref.target_forward(target, ids, AUX_IDS)
+    spec = _speculators_step_logits(drafter, ids, aux, ttt_steps=3)
+    seq = len(ids) - 1
+    checked = 0
+    for i in (0, 1, 6, 13, seq - 3):
+        # context pairs 0..i, i.e. tokens x_0..x_{i+1}; teacher-forced chain inputs x_{i+2..}
+        chain = ref.draft_chain(
+            drafter,
+            ids[: i + 2],
+            aux[: i + 1],
+            num_steps=3,
+            position_offset=1,
+            forced_tokens=ids[i + 2 : i + 4],
+        )
+        for step in range(steps):
+            if i + step >= seq:
+                continue
+            torch.testing.assert_close(chain.logits[step], spec[step][i], atol=1e-5, rtol=0)
+            checked += 1
+    assert checked >= 4 * steps
+
+
+def test_position_offset_is_rope_relative(ref_target, ref_drafter):
+    target, drafter = ref_target, ref_drafter
+    ids = _prompt(11, 30)
+    _, aux = ref.target_forward(target, ids[:-1], AUX_IDS)
+    a = ref.draft_chain(drafter, ids[:-1], aux[:-1], 3, position_offset=0)
+    b = ref.draft_chain(drafter, ids[:-1], aux[:-1], 3, position_offset=1)
+    for la, lb in zip(a.logits, b.logits, strict=True):
+        torch.testing.assert_close(la, lb, atol=1e-4, rtol=1e-4)
+
+
+def test_draft_ids_map_through_d2t(ref_drafter):
+    drafter = ref_drafter
+    d = torch.arange(drafter.draft_vocab_size)
+    mapped = ref.drafter_to_target_ids(drafter, d)
+    assert torch.equal(mapped, torch.nonzero(drafter.t2d).flatten())
+
+
+# --------------------------------------------------------------------------------------
+# Losslessness and acceptance bookkeeping
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("num_steps", [1, 3])
+def test_lossless_vs_greedy(ref_target, ref_drafter, num_steps):
+    target, drafter = ref_target, ref_drafter
+    for seed, (n, new) in enumerate([(12, 20), (25, 17), (40, 9)]):
+        prompt = _prompt(100 + seed, n)
+        res = ref.speculative_generate(target, drafter, prompt, num_steps, new)
+        base = ref.greedy_decode(target, prompt, new)
+        assert res.tokens == base
+        assert ref.greedy_decode(target, prompt, new, use_cache=True) == base
+        assert len(res.tokens) == new
+        assert 1.0 <= res.tau <= num_steps + 1
+        assert all(0 <= a <= num_steps for a in res.accepted_per_cycle)
+        assert 1 + sum(res.emitted_per_cycle) == len(res.tokens)
+        assert res.num_cycles == len(res.accepted_per_cycle)
+        per_pos = res.per_position_acceptance
+        assert all(x >= y for x, y in zip(per_pos, per_pos[1:], strict=False))
+        expected_tau = (sum(res.accepted_per_cycle) + res.num_cycles) / res.num_cycles
+        assert res.tau == pytest.approx(expected_tau)
+        assert res.sglang_accept_length == pytest.approx(len(res.tokens) / res.num_cycles)
+
+
+def test_oracle_proposer_known_acceptance(ref_target, ref_drafter):
+    """A proposer that returns the true greedy continuation with a chosen corrupted slot."""
+    target, drafter = ref_target, ref_drafter
+    num_steps, new = 4, 40
+    pattern = [4, 0, 2, 1, 3, 4, 2, 0]
+    prompt = _prompt(5, 16)
+    base = ref.greedy_decode(target, prompt, new)
+    calls = {"n": 0}
+
+    def oracle(seq, aux, s):
+        assert aux.shape[0] == len(seq) - 1
+        cont = ref.greedy_decode(target, seq, s)
+        bad = pattern[calls["n"] % len(pattern)]
+        calls["n"] += 1
+        if bad < s:
+            cont[bad] = (cont[bad] + 1) % VOCAB
+        return cont
+
+    res = ref.speculative_generate(target, drafter, prompt, num_steps, new, proposer=oracle)
+    assert res.tokens == base
+    expected = [pattern[c % len(pattern)] for c in range(res.num_cycles)]
+    assert res.accepted_per_cycle == expected
+    # emitted = accepted + 1 except for the truncated last cycle
+    assert res.emitted_per_cycle[:-1] == [a + 1 for a in expected[:-1]]
+    assert res.emitted_per_cycle[-1] <= expected[-1] + 1
+    assert len(res.tokens) == new
+
+
+def _zero_norm_target(ref_target_dir):
+    model = ref.load_target(ref_target_dir)
+    with torch.no_grad():
+        model.model.norm.weight.zero_()  # all logits exactly 0 -> argmax is token 0
+    return model
+
+
+def test_perfect_and_hopeless_drafters(ref_target_dir):
+    """Exact ties by construction: target always predicts 0; drafter too (or never)."""
+    target0 = _zero_norm_target(ref_target_dir)
+    perfect = make_drafter(ref_target_dir, keep_zero=True)
+    hopeless = make_drafter(ref_target_dir, keep_zero=False)  # draft id 0 -> target id 1
+    for d in (perfect, hopeless):
+        with torch.no_grad():
+            d.norm.weight.zero_()
+    prompt = _prompt(9, 10)
+    for s in (1, 3):
+        new = 4 * (s + 1) + 1 + 2  # ends with a truncated cycle when s > 1
+        res = ref.speculative_generate(target0, perfect, prompt, s, new)
+        assert res.tokens == [0] * new
+        assert res.accepted_per_cycle == [s] * res.num_cycles
+        assert res.tau == s + 1
+        assert res.per_position_acceptance == [1.0] * s
+        res = ref.speculative_generate(target0, hopeless, prompt, s, new)
+        assert res.tokens == [0] * new
+        assert res.accepted_per_cycle == [0] * (new - 1)
+        assert res.tau == 1.0
+        assert res.per_position_acceptance == [0.0] * s
+
+
+def test_eos_stops_unless_ignored(ref_target_dir):
+    target0 = _zero_norm_target(ref_target_dir)
+    perfect = make_drafter(ref_target_dir, keep_zero=True)
+    with torch.no_grad():
+        perfect.norm.weight.zero_()
+    res = ref.speculative_generate(
+        target0, perfect, [5, 6, 7], 3, 20, eos_token_id=0, ignore_eos=False
+    )
+    assert res.tokens == [0] and res.num_cycles == 0
+    res = ref.speculative_generate(target0, perfect, [5, 6, 7], 3, 20, eos_token_id=0)
+    assert len(res.tokens) == 20
+
+
+def test_load_drafter_roundtrip(tmp_path, ref_target, ref_drafter):
+    target, drafter = ref_target, ref_drafter
+    drafter.save_pretrained(str(tmp_path / "d"))
+    cfg = json.loads((tmp_path / "d" / "config.json").read_text())
+    assert cfg["speculators_model_type"] == "eagle3"
+    loaded = ref.load_drafter(tmp_path / "d")
+    ids = _prompt(21, 20)
+    _, aux = ref.target_forward(target, ids[:-1], AUX_IDS)
+    a = ref.draft_chain(drafter, ids[:-1], aux[:-1], 3)
+    b = ref.draft_chain(loaded, ids[:-1], aux[:-1], 3)
+    assert a.target_ids == b.target_ids
+    for la, lb in zip(a.logits, b.logits, strict=True):
+        torch.testing.assert_close(la, lb, atol=0, rtol=0)
+    assert ref.drafter_aux_layer_ids(loaded) == AUX_IDS
+
+
+def test_load_drafter_rejects_foreign_keys(tmp_path, ref_drafter):
+    drafter = ref_drafter
+    from safetensors.torch import load_file, save_file
+
+    drafter.save_pretrained(str(tmp_path / "d"))
+    path = tmp_path / "d" / "model.safetensors"
+    state = load_file(str(path))
+    state["midlayer.hidden_norm.weight"] = state.pop("layers.0.hidden_norm.weight")
+    save_file(state, str(path))
+    with pytest.raises(ValueError, match="does not match"):
+        ref.load_drafter(tmp_path / "d")
+
+
+def test_evaluate_tau_summary(ref_target, ref_drafter):
+    target, drafter = ref_target, ref_drafter
+    prompts = [_prompt(300 + i, 10 + 3 * i) for i in range(3)]
+    summary = ref.evaluate_tau(
+        target, drafter, prompts, num_steps=2, max_new_tokens=9, lossless_check_prompts=2
+    )
+    assert summary["lossless_check"] == {"checked": 2, "mismatches": 0}
+    assert 1.0 <= summary["tau"] <= 3.0
+    assert summary["total_tokens"] == 27
+    assert len(summary["per_prompt"]) == 3
+    assert all(len(p["tokens"]) == 9 for p in summary["per_prompt"])
