@@ -115,10 +115,20 @@ def get_config_hook(original, model, *args, **kwargs):
 
 
 def current_drafter_spec():
+    """The drafter this server speculates with; None when aux states are captured without one
+    (--enable-return-aux-hidden-states). Unknown server args are an error: passing the ids
+    through unconverted would capture the wrong layers without a word."""
     from sglang_ext import compat
     from sglang_ext.speculators_format import load_drafter_spec
 
-    path = getattr(compat.server_args(), "speculative_draft_model_path", None)
+    args = compat.server_args()
+    if args is None:
+        raise RuntimeError(
+            "sglang_ext: the target is asked to capture EAGLE-3 aux hidden states, but this "
+            "process has no published server args, so the drafter (and its aux-id convention) "
+            "is unknown; refusing to guess the layers"
+        )
+    path = getattr(args, "speculative_draft_model_path", None)
     return load_drafter_spec(path) if path else None
 
 
