@@ -32,13 +32,3 @@ def server_args():
     except Exception:  # noqa: BLE001 - 0.5.23 removed it (raises NoReturn)
         return None
 
-
-def speculative_draft_window_size() -> int | None:
-    """--speculative-draft-window-size as SGLang's drafter reads it (None outside a server)."""
-    try:
-        from sglang.srt.runtime_context import get_spec
-
-        return get_spec().speculative_draft_window_size
-    except Exception:  # noqa: BLE001 - unpublished context (unit tests)
-        args = server_args()
-        return getattr(args, "speculative_draft_window_size", None)

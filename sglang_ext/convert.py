@@ -116,10 +116,10 @@ def convert(
     save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
     (dst / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     notes = ["# Converted by sglang-ext convert", f"source: {src}", ""]
-    if spec.sglang_window_size() is not None:
+    if spec.sliding_layers:
         notes.append(
-            f"Serve with --speculative-draft-window-size {spec.sglang_window_size()} to keep the "
-            f"drafter's sliding window of {spec.sliding_window}."
+            f"Trained with sliding_window={spec.sliding_window}; SGLang serves it as full "
+            "attention (same math up to that many tokens)."
         )
     notes += [f"- differs: {d}" for d in differences] or ["No behaviour differences."]
     (dst / "CONVERTED.md").write_text("\n".join(notes) + "\n")

@@ -163,9 +163,16 @@ def _config_checks(diagnosis: Diagnosis, spec: DrafterSpec) -> None:
         draft_layers=spec.num_hidden_layers,
         layer_type=spec.layer_type,
         sliding_window=spec.sliding_window,
-        sglang_window_size=spec.sglang_window_size(),
+        served_attention="full" if spec.sliding_layers else "full (as trained)",
         expected_parameters=len(expected_parameters(spec)),
     )
+    if spec.sliding_layers:
+        diagnosis.warnings.append(
+            f"trained with sliding_window={spec.sliding_window} on layers "
+            f"{list(spec.sliding_layers)}; SGLang's EAGLE draft decode has no per-layer window, "
+            f"so it is served as full attention: the same math for contexts up to "
+            f"{spec.sliding_window} tokens, lower acceptance beyond (outputs stay lossless)"
+        )
     if spec.speculative_tokens:
         diagnosis.checks["trained_speculative_tokens"] = spec.speculative_tokens
 
@@ -220,13 +227,8 @@ def math_stock_lacks(spec: DrafterSpec) -> list[str]:
             "embed_requires_grad: stock overwrites the drafter's trained embeddings with the "
             "target's (set_embed)"
         )
-    if spec.sliding_layers and len(spec.sliding_layers) != spec.num_hidden_layers:
-        lacks.append("per-layer sliding window: stock applies one window to every draft layer")
-    elif spec.sliding_layers:
-        lacks.append(
-            f"sliding window {spec.sliding_window}: stock attends to the full context unless "
-            f"--speculative-draft-window-size {spec.sglang_window_size()} is passed"
-        )
+    # The sliding window is not listed: the plugin serves it as full attention too (SGLang's
+    # draft decode has no per-layer window), so stock and plugin agree there.
     return lacks
 
 

@@ -16,7 +16,8 @@ VARIANTS = {
     "fc_norm": Variant(name="fc_norm", norm_before_fc=False, fc_norm=True),
     "qwen3": Variant(name="qwen3", layer_type="qwen3"),
     "no_d2t": Variant(name="no_d2t", draft_vocab_size=None),
-    "small_window": Variant(name="small_window", num_layers=3, sliding_window=4),
+    "small_window": Variant(name="small_window", num_layers=3, sliding_window=16),
+    "tiny_window": Variant(name="tiny_window", num_layers=2, sliding_window=4),
     "full_attention": Variant(name="full_attention", sliding_window=None),
     "own_embeddings": Variant(name="own_embeddings", embed_requires_grad=True),
 }

@@ -45,7 +45,8 @@ def step0(model, spec, seed=1):
     return hidden, ids, normed @ model.lm_head.weight.T
 
 
-@pytest.mark.parametrize("name", sorted(VARIANTS))
+# tiny_window (window 4 < 12 tokens) is the documented exception, tested below.
+@pytest.mark.parametrize("name", sorted(set(VARIANTS) - {"tiny_window"}))
 def test_step0_logits_match_speculators(sglang_env, drafter, name):
     directory, reference = drafter(name)
     spec, model = plugin_model(directory, reference)
@@ -69,18 +70,32 @@ def test_norm_before_residual_changes_the_output(sglang_env, drafter):
     assert (got - want).abs().max() > 1e-2
 
 
-def test_window_convention_is_sliding_window_minus_one(sglang_env, drafter):
-    """speculators' window of W keys is SGLang's sliding_window_size W-1; W would differ."""
-    directory, reference = drafter("small_window")
-    spec, model = plugin_model(directory, reference)
-    assert spec.sliding_window == 4 and spec.sglang_window_size() == 3
-    assert all(layer.self_attn.attn.sliding_window_size == 3 for layer in model.model.layers)
-    hidden, ids, _ = step0(model, spec)
-    want = speculators_logits(reference, hidden, ids)
-    for layer in model.model.layers:
-        layer.self_attn.attn.sliding_window_size = 4
-    _, _, got = step0(model, spec)
-    assert (got - want).abs().max() > 1e-3
+def test_sliding_window_is_served_as_full_attention_and_said_so(sglang_env, drafter, caplog):
+    """SGLang's EAGLE draft decode cannot apply a per-layer window (the triton multi-step
+    draft backend has no window buffers; on the H200 a drafter-level window crashed the first
+    draft decode), so the plugin serves the window as full attention and warns at startup.
+    Below the window length that is speculators' math exactly (the parity test above, window
+    16 > 12 tokens); beyond it, it is speculators' math without the window, as shown here."""
+    directory, reference = drafter("tiny_window")
+    with caplog.at_level("WARNING"):
+        spec, model = plugin_model(directory, reference)
+    assert spec.sliding_window == 4 and T > spec.sliding_window
+    assert "trained with sliding_window=4" in caplog.text and "full context" in caplog.text
+    assert all(layer.self_attn.attn.sliding_window_size in (None, -1)
+               for layer in model.model.layers)
+    hidden, ids, got = step0(model, spec)
+    windowed = speculators_logits(reference, hidden, ids)
+    assert (got - windowed).abs().max() > 1e-3  # the divergence beyond the window is real
+    saved = (reference.sliding_window_indices, reference.uses_sliding_window_attn,
+             reference.uses_full_attn)
+    try:  # the same speculators model with its window switched off (a shared fixture)
+        reference.sliding_window_indices = []
+        reference.uses_sliding_window_attn, reference.uses_full_attn = False, True
+        unwindowed = speculators_logits(reference, hidden, ids)
+    finally:
+        (reference.sliding_window_indices, reference.uses_sliding_window_attn,
+         reference.uses_full_attn) = saved
+    torch.testing.assert_close(got, unwindowed, atol=1e-4, rtol=0)
 
 
 def test_own_embeddings_survive_set_embed(sglang_env, drafter):

@@ -149,18 +149,18 @@ class LlamaForCausalLMEagle3(upstream.LlamaForCausalLMEagle3):
             layer.norm_before_residual = spec.norm_before_residual
             if spec.layer_type == "qwen3":
                 self._add_qk_norm(layer.self_attn, config.rms_norm_eps)
-        self._apply_sliding_window(spec)
+        self._warn_unapplied_sliding_window(spec)
         self.load_plan = LoadPlan(spec)
         self.load_plan.check_model_parameters(name for name, _ in self.named_parameters())
         logger.info(
             "sglang_ext: EAGLE-3 drafter %s (%s format, %d %s layer(s), norm_before_residual=%s, "
-            "window=%s)",
+            "trained sliding_window=%s)",
             spec.source,
             spec.format,
             spec.num_hidden_layers,
             spec.layer_type,
             spec.norm_before_residual,
-            spec.sglang_window_size(),
+            spec.sliding_window,
         )
 
     @staticmethod
@@ -169,22 +169,24 @@ class LlamaForCausalLMEagle3(upstream.LlamaForCausalLMEagle3):
         attn.k_norm = RMSNorm(attn.head_dim, eps=eps)
         attn.__class__ = QKNormLlamaAttention
 
-    def _apply_sliding_window(self, spec: DrafterSpec) -> None:
-        window = spec.sglang_window_size()
-        if window is None:
+    def _warn_unapplied_sliding_window(self, spec: DrafterSpec) -> None:
+        """speculators' sliding window, where SGLang can apply it.
+
+        SGLang's EAGLE draft decode (the triton multi-step draft backend, 0.5.17-0.5.23) has
+        no window buffers: a drafter-level window makes the first draft decode crash
+        (`kv_indices` is None in decode_attention). So the window is served as full attention,
+        which is the same math for every context shorter than the window, and the startup log
+        says so. `--speculative-draft-window-size` (SGLang's own flag) still applies.
+        """
+        if spec.sglang_window_size() is None or self._draft_window_size is not None:
             return
-        flag = self._draft_window_size  # --speculative-draft-window-size, read by SGLang
-        if flag is not None and flag != window:
-            raise DrafterLoadError(
-                f"--speculative-draft-window-size {flag} contradicts the drafter's own sliding "
-                f"window: {spec.source} has sliding_window={spec.sliding_window} on layers "
-                f"{list(spec.sliding_layers)} (SGLang window {window}). Drop the flag."
-            )
-        self._draft_window_size = window
-        for index, layer in enumerate(self.model.layers):
-            layer.self_attn.attn.sliding_window_size = (
-                window if index in spec.sliding_layers else -1
-            )
+        logger.warning(
+            "sglang_ext: drafter %s was trained with sliding_window=%d on layers %s; SGLang's "
+            "EAGLE draft decode cannot apply a per-layer window, so it attends to the full "
+            "context: identical for contexts up to %d tokens, lower acceptance (never wrong "
+            "output) beyond",
+            spec.source, spec.sliding_window, list(spec.sliding_layers), spec.sliding_window,
+        )
 
     def set_embed(self, embed):
         if self.load_plan.params["model.embed_tokens.weight"].derived is None:
