@@ -361,8 +361,6 @@ def test_default_sglang_version_is_supported_by_the_plugin(plugin_df, patched_df
 
 def test_default_sglang_version_matches_patch_series(plugin_df) -> None:
     series = patch_series()
-    if not series:
-        pytest.xfail("patch series not written yet")
     default = plugin_df.global_args["SGLANG_VERSION"]
     assert default in series, (
         f"default SGLANG_VERSION {default} has no patch series (patches/v{default}/); "
@@ -914,8 +912,6 @@ def test_fork_image_patch_step_on_a_copy_of_sglang(patched_df, tmp_path: Path) -
     (asserted before running). Every file the series changes must differ afterwards.
     """
     default = patched_df.global_args["SGLANG_VERSION"]
-    if default not in patch_series() or not (ROOT / "scripts" / "apply_patches.py").exists():
-        pytest.xfail("patch series not written yet")
     spec = importlib.util.find_spec("sglang")
     installed = Path(spec.origin).parent
     site_copy = tmp_path / "site"
