@@ -33,3 +33,13 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(pytest.mark.gpu)
         if skip is not None:
             item.add_marker(skip)
+
+
+def pytest_runtest_logreport(report):
+    """Record each GPU test's outcome so the results JSON says which criteria held."""
+    if "tests/gpu/" not in report.nodeid:
+        return
+    if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+        from harness import OUTCOMES
+
+        OUTCOMES[report.nodeid.split("::", 1)[-1]] = report.outcome

@@ -43,6 +43,9 @@ SPEC_FLAGS = [
     "4",
 ]
 STOCK_ENV = {"SGLANG_PLUGINS": "__no_plugin__"}  # an allow-list that excludes sglang_ext
+# e.g. SGLANG_EXT_SERVER_ARGS="--dtype float32": appended to every server's command
+EXTRA_ARGS = os.environ.get("SGLANG_EXT_SERVER_ARGS", "").split()
+OUTCOMES: dict[str, str] = {}  # test id -> passed/failed/skipped, filled by conftest
 
 
 @dataclass
@@ -91,7 +94,7 @@ class Server:
             cmd += ["--speculative-draft-model-path", self.draft, *SPEC_FLAGS]
         if self.gpu:
             cmd += ["--base-gpu-id", str(self.gpu)]
-        return cmd + self.extra
+        return cmd + self.extra + EXTRA_ARGS
 
     def start(self) -> None:
         env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)

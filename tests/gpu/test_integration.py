@@ -23,7 +23,7 @@ import urllib.error
 from pathlib import Path
 
 import pytest
-from harness import STOCK_ENV, Server, start_all, timed_tokens_per_s
+from harness import OUTCOMES, STOCK_ENV, Server, start_all, timed_tokens_per_s
 
 FIXTURES = Path(os.environ.get("SGLANG_EXT_FIXTURES", "/tmp/fixtures"))
 RESULTS_DIR = Path(os.environ.get("SGLANG_EXT_RESULTS_DIR", Path(__file__).parent / "results"))
@@ -247,6 +247,7 @@ def write_results(statuses) -> None:
             "startup.servers.*.command; attention backend: triton for every figure",
         },
         "attention_backend": "triton",
+        "outcomes": dict(OUTCOMES),
         **RESULTS,
     }
     data.setdefault("tp2", {"tau_served": None, "note": "not run (fewer than 2 GPUs)"})
@@ -367,13 +368,17 @@ def test_fusion_guard_fails_at_startup_where_stock_crashes_on_first_request(clus
         crash = re.search(r"(mat1 and mat2 shapes cannot be multiplied[^\n]*)", stock.log_text())
         stock_result["scheduler_error"] = crash.group(1) if crash else None
         stock_result["alive_after"] = stock.alive()
+    else:  # stock died before serving: record what it said (the next assert needs its words)
+        errors = re.findall(r"(\w+Error: [^\n]*)", stock.log_text())
+        stock_result["startup_error"] = errors[-1] if errors else None
     RESULTS["fusion_guard"] = {
         "plugin": {"status": guard.status, "error": match.group(1)},
         "stock": stock_result,
     }
-    assert stock_result.get("first_request", "").startswith("failed") or stock_result.get(
-        "scheduler_error"
+    stock_failed = stock_result.get("first_request", "").startswith("failed") or (
+        stock_result.get("scheduler_error") or stock_result.get("startup_error")
     )
+    assert stock_failed, stock.log_text()[-3000:]
 
 
 # -- throughput, bench, metrics ---------------------------------------------------------------
