@@ -52,7 +52,7 @@ def convert(
     spec = load_drafter_spec(src)
     if spec.format != "speculators":
         raise ConversionRefused(f"{src} is already in SGLang format; nothing to convert")
-    plan_from_checkpoint(spec, read_checkpoint(src)).raise_for_errors()
+    plan_from_checkpoint(spec, read_checkpoint(spec.source)).raise_for_errors()
     differences = math_stock_lacks(spec)
     if differences and not force:
         raise ConversionRefused(
@@ -107,7 +107,7 @@ def convert(
     from safetensors.torch import load_file, save_file
 
     tensors = {}
-    for path in weight_files(src):
+    for path in weight_files(spec.source):
         for name, tensor in load_file(str(path)).items():
             new = converted_name(name, spec)
             if new is not None:

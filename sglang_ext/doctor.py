@@ -96,14 +96,14 @@ def diagnose(drafter: str | Path, target: str | Path | None = None) -> Diagnosis
         except DrafterConfigError as exc:
             diagnosis.errors.append(str(exc))
     try:
-        tensors = read_checkpoint(drafter)
+        tensors = read_checkpoint(spec.source)
     except DrafterLoadError as exc:
         diagnosis.errors.append(str(exc))
         tensors = None
     if tensors is not None:
         diagnosis.report = plan_from_checkpoint(spec, tensors)
         diagnosis.errors.extend(diagnosis.report.errors)
-        _vocab_checks(diagnosis, spec, tensors, drafter)
+        _vocab_checks(diagnosis, spec, tensors, spec.source)
     _aux_layers(diagnosis, spec, target_info)
     _config_checks(diagnosis, spec)
     diagnosis.stock_sglang = predict_stock(spec, tensors, target_info)

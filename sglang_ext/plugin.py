@@ -89,10 +89,10 @@ def _translated(path: str, mtime: float):
     from sglang_ext.loading import plan_from_checkpoint, read_checkpoint
     from sglang_ext.speculators_format import load_drafter_spec, to_sglang_config
 
-    spec = load_drafter_spec(path)
+    spec = load_drafter_spec(path)  # spec.source: the local directory (Hub ids resolved)
     # The whole load report, from safetensors headers, before any GPU work: a missing or
     # mis-shaped tensor, a truncated file or a pickle-only drafter fails the launch here.
-    plan_from_checkpoint(spec, read_checkpoint(path)).raise_for_errors()
+    plan_from_checkpoint(spec, read_checkpoint(spec.source)).raise_for_errors()
     return to_sglang_config(spec)
 
 

@@ -67,10 +67,45 @@ def read_json(path: Path) -> dict[str, Any]:
     return data
 
 
+HUB_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def _is_hub_id(path: str | Path) -> bool:
+    return not Path(path).exists() and bool(HUB_REPO_ID.match(str(path)))
+
+
 def config_path(path: str | Path) -> Path:
-    """Accept a model directory or a bare config.json."""
+    """Accept a model directory, a bare config.json, or a Hugging Face Hub id (its config.json
+    fetched through the local HF cache, as transformers does for SGLang)."""
+    if _is_hub_id(path):
+        from huggingface_hub import hf_hub_download
+
+        try:
+            return Path(hf_hub_download(str(path), "config.json"))
+        except Exception as exc:  # noqa: BLE001 - offline, missing repo, no access: say which
+            raise DrafterConfigError(
+                f"{path}: not a local path, and its config.json could not be fetched from the "
+                f"Hugging Face Hub ({type(exc).__name__}: {exc})"
+            ) from exc
     path = Path(path)
     return path / "config.json" if path.is_dir() else path
+
+
+def model_dir(path: str | Path) -> Path:
+    """A local directory holding a drafter's config and safetensors (Hub ids are downloaded
+    into the HF cache: only *.json and *.safetensors, the files SGLang loads anyway)."""
+    if not _is_hub_id(path):
+        path = Path(path)
+        return path if path.is_dir() else path.parent
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(str(path), allow_patterns=["*.json", "*.safetensors"]))
+    except Exception as exc:  # noqa: BLE001 - see config_path
+        raise DrafterConfigError(
+            f"{path}: not a local path, and it could not be fetched from the Hugging Face Hub "
+            f"({type(exc).__name__}: {exc})"
+        ) from exc
 
 
 def is_speculators_config(config: Mapping[str, Any]) -> bool:
@@ -79,7 +114,10 @@ def is_speculators_config(config: Mapping[str, Any]) -> bool:
 
 def is_speculators_dir(path: str | Path) -> bool:
     """True when `path` holds a speculators-format config.json (cheap: one small JSON read)."""
-    cfg = config_path(path)
+    try:
+        cfg = config_path(path)
+    except DrafterConfigError:
+        return False  # not ours to report: SGLang's own loader says what is wrong
     if not cfg.is_file():
         return False
     try:
@@ -347,8 +385,8 @@ class DrafterSpec:
 
 
 def load_drafter_spec(path: str | Path) -> DrafterSpec:
-    """Read a drafter directory (or its config.json) in either format."""
-    cfg_file = config_path(path)
+    """Read a drafter directory (or its config.json, or a Hub id) in either format."""
+    cfg_file = config_path(model_dir(path)) if _is_hub_id(path) else config_path(path)
     config = read_json(cfg_file)
     if is_speculators_config(config):
         return _speculators_spec(config, cfg_file)

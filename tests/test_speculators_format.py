@@ -202,3 +202,33 @@ def test_multimodal_target_reads_text_config(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config))
     info = TargetInfo.from_path(tmp_path)
     assert (info.num_hidden_layers, info.hidden_size, info.model_type) == (61, 7168, "deepseek_v3")
+
+
+def test_hub_ids_resolve_through_the_local_hf_cache(drafter, tmp_path):
+    """`--speculative-draft-model-path org/name`: config and safetensors come from the HF cache
+    (here a pre-filled cache, offline), like SGLang's own loading of Hub ids."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    repo = tmp_path / "hub" / "models--acme--eagle3-drafter"
+    snapshot = repo / "snapshots" / ("0" * 40)
+    shutil.copytree(drafter("default")[0], snapshot)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    code = (
+        "import json\n"
+        "from sglang_ext import doctor\n"
+        "from sglang_ext.speculators_format import is_speculators_dir, load_drafter_spec\n"
+        "spec = load_drafter_spec('acme/eagle3-drafter')\n"
+        "print(json.dumps([is_speculators_dir('acme/eagle3-drafter'), spec.source,\n"
+        "                  doctor.diagnose('acme/eagle3-drafter').verdict,\n"
+        "                  is_speculators_dir('acme/not-cached')]))\n"
+    )
+    env = dict(os.environ, HF_HUB_CACHE=str(tmp_path / "hub"), HF_HUB_OFFLINE="1")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    is_ours, source, verdict, missing = json.loads(out.stdout.strip().splitlines()[-1])
+    assert is_ours and source == str(snapshot) and verdict == "OK" and not missing
