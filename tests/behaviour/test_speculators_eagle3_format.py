@@ -4,7 +4,9 @@ keys, and speculators' aux-id convention converted for each target class.
 
 The checkpoints are written by speculators itself (0.9.0: its Eagle3DraftModel, randomised,
 saved with its own save_pretrained), and the drafter's step-0 logits are compared with
-speculators' own forward, in fp32 on CPU with reference attention.
+speculators' own forward, in fp32 on CPU. SGLang's attention cannot run on CPU, so attention is
+evaluated by tests/sglang_cpu.py's ReferenceAttention (plain causal attention); every other
+operation is SGLang's own. The GPU tests (tests/gpu) cover the full path.
 """
 
 from __future__ import annotations
