@@ -174,10 +174,10 @@ def self_check() -> dict:
     from sglang_ext import compat
     from sglang_ext.models import ARCHITECTURES
 
-    eps = {ep.name: ep.value for ep in entry_points(group="sglang.srt.plugins")}
-    if eps.get(PLUGIN_NAME) != "sglang_ext.plugin:register":
+    eps = {ep.name: ep for ep in entry_points(group="sglang.srt.plugins")}
+    entry = eps.get(PLUGIN_NAME)
+    if entry is None or entry.value != "sglang_ext.plugin:register":
         raise RuntimeError(f"entry point {PLUGIN_NAME} not found in sglang.srt.plugins: {eps}")
-    entry = next(ep for ep in entry_points(group="sglang.srt.plugins") if ep.name == PLUGIN_NAME)
     entry.load()()
     HookRegistry.apply_hooks()
     resolved = {}

@@ -232,14 +232,15 @@ def write_results(statuses) -> None:
         gpu = gpu_info()
     except Exception as exc:  # noqa: BLE001 - the file must still be written
         gpu = {"name": "unknown", "error": repr(exc)}
+    found = versions()
     now = dt.datetime.now(dt.UTC)
     gpu_slug = re.sub(r"[^A-Za-z0-9]+", "-", gpu.get("name", "gpu")).strip("-").lower()
     data = {
         "date": now.isoformat(timespec="seconds"),
         "gpu": gpu,
-        "sglang_version": versions().get("sglang"),
-        "torch_version": versions().get("torch"),
-        "versions": versions(),
+        "sglang_version": found.get("sglang"),
+        "torch_version": found.get("torch"),
+        "versions": found,
         "command": " ".join([sys.executable, "-m", "pytest", *sys.argv[1:]]),
         "flags": {
             "base": Server("x", "m", 0).command()[9:],
