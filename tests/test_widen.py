@@ -1,0 +1,179 @@
+"""Function-preserving widening (sglang_ext.widen): the big model computes the small one's
+function, checked with transformers' own Llama and speculators' own Eagle3DraftModel in fp32."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from sglang_ext import widen
+from sglang_ext.reference import load_drafter
+from sglang_ext.widen import Shape, WidenError, Widening
+from tests.builders import Variant, build_drafter, write_target
+
+SMALL = dict(hidden=32, heads=2, kv_heads=1, head_dim=16, intermediate=48)
+BIG = Shape(hidden=64, heads=8, kv_heads=2, head_dim=16, intermediate=96)
+
+
+def _small_llama(directory, layers=3, seed=0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=97,
+        hidden_size=SMALL["hidden"],
+        num_attention_heads=SMALL["heads"],
+        num_key_value_heads=SMALL["kv_heads"],
+        head_dim=SMALL["head_dim"],
+        intermediate_size=SMALL["intermediate"],
+        num_hidden_layers=layers,
+        max_position_embeddings=128,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)  # so a norm routed to the wrong place cannot hide
+            else:
+                p.normal_(0.0, 0.2)
+    model.save_pretrained(directory)
+    return model
+
+
+def _load_llama(directory):
+    from transformers import LlamaForCausalLM
+
+    return LlamaForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def widened(tmp_path_factory):
+    root = tmp_path_factory.mktemp("widen")
+    small = _small_llama(root / "small")
+    info = widen.write_widened_target(root / "small", root / "big", BIG, 7, [0, 3, 5], seed=1)
+    return small, _load_llama(root / "big"), info, root
+
+
+def test_widened_target_has_the_small_targets_logits(widened):
+    small, big, info, _ = widened
+    ids = torch.randint(0, 97, (2, 40), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        a = small(ids).logits
+        b = big(ids).logits
+    assert big.config.num_hidden_layers == 7 and big.config.hidden_size == 64
+    assert a.abs().max() > 1.0  # a real signal, not all zeros
+    torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
+    assert info["placement"] == [0, 3, 5] and info["ratio"] == 2.0
+
+
+def test_identity_blocks_cost_like_real_layers_but_add_nothing(widened):
+    _, big, _, _ = widened
+    layer = big.model.layers[1]  # not in the placement
+    assert layer.self_attn.q_proj.weight.abs().sum() > 0
+    assert layer.mlp.up_proj.weight.abs().sum() > 0
+    assert layer.self_attn.o_proj.weight.abs().sum() == 0
+    assert layer.mlp.down_proj.weight.abs().sum() == 0
+
+
+def test_residual_stream_is_the_small_one_zero_padded(widened):
+    small, big, _, _ = widened
+    ids = torch.randint(0, 97, (1, 16), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        hs_small = small(ids, output_hidden_states=True).hidden_states
+        hs_big = big(ids, output_hidden_states=True).hidden_states
+    # entering small layer k == entering big layer map_aux_ids([k]) (k < num small layers)
+    for k in (1, 2):
+        (big_k,) = widen.map_aux_ids([k], [0, 3, 5])
+        torch.testing.assert_close(hs_big[big_k][..., :32], hs_small[k], rtol=1e-5, atol=1e-5)
+        assert hs_big[big_k][..., 32:].abs().max() == 0
+
+
+def test_shard_index_lists_every_tensor(widened):
+    _, big, info, root = widened
+    index = json.loads((root / "big" / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"]) == set(big.state_dict())
+    assert index["metadata"]["total_size"] == info["bytes"]
+
+
+@pytest.mark.parametrize(
+    "big, message",
+    [
+        (Shape(64, 8, 2, 8, 96), "head_dim 16 -> 8"),
+        (Shape(16, 8, 2, 16, 96), "hidden shrinks 32 -> 16"),
+        (Shape(64, 4, 4, 16, 96), "query heads per KV head 2 -> 1"),
+    ],
+)
+def test_unwidenable_shapes_are_refused(big, message):
+    with pytest.raises(WidenError, match=message):
+        Widening(Shape(**SMALL), big)
+
+
+def test_aux_ids_must_carry_the_same_state():
+    placement = [0, 6, 12, 18, 24, 30]
+    assert widen.map_aux_ids([1, 3, 5], placement, [2, 16, 29]) == [2, 16, 29]
+    assert widen.map_aux_ids([1, 3, 5], placement) == [1, 13, 25]
+    message = r"big aux id 19 does not carry small aux id 3: .*\[13, 18\]"
+    with pytest.raises(WidenError, match=message):
+        widen.map_aux_ids([1, 3, 5], placement, [2, 19, 29])
+    with pytest.raises(WidenError, match="strictly increasing"):
+        widen.check_placement([0, 0, 3], 8)
+
+
+def test_unknown_drafter_tensor_is_an_error():
+    with pytest.raises(WidenError, match="layers.0.self_attn.q_norm.weight"):
+        widen.drafter_layout("layers.0.self_attn.q_norm.weight")
+
+
+def _speculators_logits_all_steps(model, hidden, ids, steps):
+    captured = []
+    handle = model.lm_head.register_forward_hook(lambda _m, _i, out: captured.append(out))
+    try:
+        with torch.no_grad():
+            model(
+                hidden_states=hidden[None],
+                input_ids=ids[None],
+                document_ids=torch.zeros_like(ids)[None],
+                ttt_steps=steps,
+            )
+    finally:
+        handle.remove()
+    return torch.stack([c[0] for c in captured])
+
+
+@pytest.mark.parametrize("nbr", [True, False], ids=["norm_before_residual", "plain_residual"])
+def test_widened_drafter_has_the_small_drafters_logits_for_every_step(tmp_path, nbr):
+    small_target = write_target(tmp_path / "t", layers=6, hidden=32, vocab=256)
+    variant = Variant(name="w", norm_before_residual=nbr, sliding_window=None, aux_ids=(1, 3, 5))
+    build_drafter(tmp_path / "d", small_target, variant, seed=2)
+    placement = [0, 2, 4, 5, 7, 9]
+    big_cfg = widen.widen_llama_config(
+        json.loads((small_target / "config.json").read_text()),
+        Shape(hidden=64, heads=8, kv_heads=4, head_dim=8, intermediate=64),
+        10,
+    )
+    (tmp_path / "T").mkdir()
+    (tmp_path / "T" / "config.json").write_text(json.dumps(big_cfg))
+    big = Shape(hidden=64, heads=8, kv_heads=4, head_dim=8, intermediate=64)
+    info = widen.write_widened_drafter(
+        tmp_path / "d", tmp_path / "D", big, verifier_dir=tmp_path / "T", placement=placement
+    )
+    assert info["aux_ids"] == [1, 5, 8]
+    small = load_drafter(tmp_path / "d", attn_implementation="eager")
+    wide = load_drafter(tmp_path / "D", attn_implementation="eager")
+    assert wide.config.transformer_layer_config.hidden_size == 64
+    assert wide.config.norm_before_residual is nbr
+
+    gen = torch.Generator().manual_seed(5)
+    hidden = torch.randn(24, 3 * 32, generator=gen)
+    ids = torch.randint(0, 256, (24,), generator=gen)
+    padded = torch.zeros(24, 3 * 64)
+    for k in range(3):
+        padded[:, k * 64 : k * 64 + 32] = hidden[:, k * 32 : (k + 1) * 32]
+    a = _speculators_logits_all_steps(small, hidden, ids, 3)
+    b = _speculators_logits_all_steps(wide, padded, ids, 3)
+    assert a.shape == b.shape == (3, 24, 128)
+    torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
