@@ -1,0 +1,639 @@
+#!/usr/bin/env python
+"""Side-by-side speed of EAGLE-3 speculation on one GPU: no speculation vs the plugin-served
+speculators drafter at several (steps, topk, draft tokens) settings, and, at one setting, a
+norm_before_residual=false drafter served by the plugin vs the same weights converted to
+SGLang's format and served by stock SGLang.
+
+All servers run at once on the one GPU (small --mem-fraction-static each) and are measured in
+rounds whose server order rotates, so slow drift (clocks, temperature) spreads over all of
+them. Per (server, batch) the figure is the median over rounds.
+
+    python scripts/bench_speed.py --target /tmp/fixtures/llama-target \\
+        --drafter /tmp/fixtures/llama-drafter --prompts /tmp/fixtures/prompts.jsonl \\
+        --out-json $OUT/bench_speed.json --out-png $OUT/bench_speed.png
+
+Definitions: tok/s = completion tokens / wall time of a measurement; tau (accept length) =
+sum completion_tokens / sum spec_verify_ct over requests (SGLang's meta_info definition);
+speedup = spec tok/s / nospec tok/s; eta = speedup / tau; cycle cost = 1 / eta (one
+speculative cycle in units of one plain decode step); plugin_vs_stock = tok/s of the
+nbr-false drafter through the plugin / tok/s of its converted copy on stock SGLang.
+
+The result JSON is written even when servers fail to start (their rows say so). Exit codes:
+0 all servers served every request; 1 a server failed, a request failed or the run was
+interrupted (partial results written); 2 usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+try:
+    import sglang_ext
+except ImportError:  # run from a checkout without the package installed
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import sglang_ext
+from sglang_ext.bench import BenchError, RequestResult, RequestSpec, load_prompts, run_benchmark
+from sglang_ext.launch import DEFAULT_SPEC, STOCK_ENV, Server, start_all
+
+SCHEMA_VERSION = 1
+MAIN = "speculators (plugin)"
+NBR_PLUGIN = "nbr_false (plugin)"
+NBR_STOCK = "nbr_false converted (stock SGLang)"
+# goal name -> (figure, threshold); evaluated at `best` (plugin_vs_stock: compare setting)
+GOALS = {
+    "speedup_ge_2_5": ("speedup", 2.5),
+    "eta_ge_0_80": ("eta", 0.80),
+    "plugin_vs_stock_ge_0_99": ("plugin_vs_stock", 0.99),
+}
+Setting = tuple[int, int, int]
+
+# -- Pure parts: settings, servers, plan ---------------------------------------------------------
+
+
+def parse_setting(text: str) -> Setting:
+    """``"steps,topk,draft_tokens"`` -> a validated tuple (argparse type)."""
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        values = ()
+    if len(values) != 3:
+        raise argparse.ArgumentTypeError(
+            f"setting {text!r}: expected three integers steps,topk,draft_tokens"
+        )
+    steps, topk, draft = values
+    if min(values) < 1:
+        raise argparse.ArgumentTypeError(f"setting {text!r}: all three must be positive")
+    if topk == 1 and draft != steps + 1:
+        raise argparse.ArgumentTypeError(
+            f"setting {text!r}: with topk 1 draft_tokens must be steps+1 = {steps + 1}"
+        )
+    if topk > 1 and draft > topk * steps + 1:
+        raise argparse.ArgumentTypeError(
+            f"setting {text!r}: draft_tokens {draft} exceeds topk*steps+1 = {topk * steps + 1}"
+        )
+    return steps, topk, draft
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive integer")
+    return value
+
+
+def label(setting: Sequence[int] | None) -> str:
+    return ",".join(map(str, setting)) if setting else "-"
+
+
+def server_specs(settings: Sequence[Setting], compare: Setting | None) -> list[dict[str, Any]]:
+    """The servers of one run, as plain data. `compare` None: no nbr-false servers."""
+
+    def spec(name: str, role: str, setting: Setting | None, stock: bool = False) -> dict:
+        return {"name": name, "role": role, "setting": setting, "stock": stock}
+
+    specs = [spec("nospec", "nospec", None, stock=True)]
+    specs += [spec("spec-" + "-".join(map(str, s)), "spec", s) for s in settings]
+    if compare is not None:
+        tag = "-".join(map(str, compare))
+        specs.append(spec(f"nbrfalse-plugin-{tag}", "nbr_plugin", compare))
+        specs.append(spec(f"nbrfalse-stock-{tag}", "nbr_stock", compare, stock=True))
+    return specs
+
+
+def make_servers(specs: Sequence[Mapping[str, Any]], args: argparse.Namespace) -> list[Server]:
+    drafts = {"nospec": None, "spec": args.drafter, "nbr_plugin": args.drafter_nbr_false,
+              "nbr_stock": args.drafter_nbr_false_sglang}
+    return [
+        Server(spec["name"], args.target, args.port_base + k, drafts[spec["role"]],
+               env=dict(STOCK_ENV) if spec["stock"] else {}, mem_fraction=args.mem_fraction,
+               max_bs=max(args.batches), log_dir=Path(args.log_dir),
+               spec=tuple(spec["setting"] or DEFAULT_SPEC),
+               attention_backend=args.attention_backend, extra=server_extra_args(args))
+        for k, spec in enumerate(specs)
+    ]
+
+
+def server_extra_args(args: argparse.Namespace) -> list[str]:
+    """Flags every server gets. With several big servers starting at once, SGLang's KV budget
+    (free memory now minus (1 - mem_fraction) x free memory before loading) races between
+    them; a high --mem-fraction plus an explicit --max-total-tokens makes each pool a fixed
+    size instead."""
+    extra = shlex.split(args.server_args or "")
+    if args.max_total_tokens:
+        extra += ["--max-total-tokens", str(args.max_total_tokens)]
+    return extra
+
+
+def requests_for_batch(batch: int, waves: int) -> int:
+    return max(4, waves) if batch == 1 else batch * waves
+
+
+def rotate(names: Sequence[str], round_idx: int) -> list[str]:
+    k = round_idx % len(names)
+    return list(names[k:]) + list(names[:k])
+
+
+def prompt_indices(num_prompts: int, round_idx: int, count: int) -> list[int]:
+    """Deterministic prompts of one (round, batch): every server gets the same ones; rounds
+    move on through the prompt list."""
+    start = (round_idx * count) % num_prompts
+    return [(start + k) % num_prompts for k in range(count)]
+
+
+def build_plan(
+    names: Sequence[str], batches: Sequence[int], rounds: int, waves: int, num_prompts: int
+) -> list[dict[str, Any]]:
+    plan = []
+    for r in range(rounds):
+        for name in rotate(names, r):
+            for b in batches:
+                n = requests_for_batch(b, waves)
+                plan.append({"round": r, "server": name, "batch": b, "requests": n,
+                             "concurrency": b, "prompts": prompt_indices(num_prompts, r, n)})
+    return plan
+
+
+def warmup_plan(batches: Sequence[int]) -> list[dict[str, int]]:
+    top = max(batches)
+    return [{"requests": 2, "concurrency": 1}, {"requests": top, "concurrency": top}]
+
+
+# -- Pure parts: measurements, aggregation, rows -------------------------------------------------
+
+
+def summarize_measurement(results: Sequence[RequestResult], wall_s: float) -> dict[str, Any]:
+    ok = [r for r in results if r.ok]
+    tokens = sum(r.completion_tokens or 0 for r in ok)
+    spec = [r for r in ok if r.acceptance.verify_steps]
+    verify = sum(r.acceptance.verify_steps for r in spec)
+    tpots = [r.tpot_s for r in ok if r.tpot_s is not None]
+    return {
+        "tokens": tokens,
+        "wall_s": round(wall_s, 4),
+        "tok_s": round(tokens / wall_s, 3) if tokens and wall_s > 0 else None,
+        "tpot_ms": round(1000 * statistics.fmean(tpots), 4) if tpots else None,
+        "verify": verify or None,
+        "verify_tokens": sum(r.completion_tokens or 0 for r in spec),
+        "tau": round(sum(r.completion_tokens or 0 for r in spec) / verify, 4) if verify else None,
+        "errors": len(results) - len(ok),
+        "error_samples": [r.error for r in results if not r.ok][:3],
+    }
+
+
+def aggregate(measurements: Sequence[Mapping[str, Any]]) -> dict[tuple[str, int], dict]:
+    """(server, batch) -> median tok/s over rounds (+ min, max, per round), pooled tau."""
+    groups: dict[tuple[str, int], list[Mapping[str, Any]]] = {}
+    for m in measurements:
+        if m.get("status") == "ok":
+            groups.setdefault((m["server"], m["batch"]), []).append(m)
+    out = {}
+    for key, ms in groups.items():
+        timed = sorted((m for m in ms if m.get("tok_s")), key=lambda m: m["round"])
+        if not timed:
+            continue
+        toks = [m["tok_s"] for m in timed]
+        verify = sum(m.get("verify") or 0 for m in timed)
+        vtokens = sum(m.get("verify_tokens") or 0 for m in timed if m.get("verify"))
+        tpots = [m["tpot_ms"] for m in timed if m.get("tpot_ms") is not None]
+        out[key] = {
+            "tok_s": statistics.median(toks), "tok_s_min": min(toks), "tok_s_max": max(toks),
+            "tok_s_rounds": {m["round"]: m["tok_s"] for m in timed},
+            "tau": vtokens / verify if verify else None,
+            "tpot_ms": statistics.median(tpots) if tpots else None,
+            "errors": sum(m.get("errors", 0) for m in ms),
+        }
+    return out
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _why(status: str | None) -> str:
+    return status if status and status != "ready" else "no measurement"
+
+
+def _r(x: float | None, nd: int = 4) -> float | None:
+    return None if x is None else round(x, nd)
+
+
+def build_rows(
+    agg: Mapping[tuple[str, int], Mapping[str, Any]],
+    specs: Sequence[Mapping[str, Any]],
+    batches: Sequence[int],
+    statuses: Mapping[str, str] | None = None,
+) -> list[dict[str, Any]]:
+    statuses = statuses or {}
+    nbr = {s["role"]: s for s in specs if s["role"] in ("nbr_plugin", "nbr_stock")}
+    drafter_of = {"spec": MAIN, "nbr_plugin": NBR_PLUGIN, "nbr_stock": NBR_STOCK}
+
+    def tok(name: str | None, b: int) -> float | None:
+        entry = agg.get((name, b)) if name else None
+        return entry["tok_s"] if entry else None
+
+    rows = []
+    for spec in specs:
+        if spec["role"] == "nospec":
+            continue
+        steps, topk, draft = spec["setting"]
+        pvs_pair = (
+            (nbr["nbr_plugin"]["name"], nbr["nbr_stock"]["name"])
+            if len(nbr) == 2 and tuple(spec["setting"]) == tuple(nbr["nbr_plugin"]["setting"])
+            else None
+        )
+        for b in batches:
+            base, run = agg.get(("nospec", b)), agg.get((spec["name"], b))
+            speedup = _ratio(tok(spec["name"], b), tok("nospec", b))
+            tau = run["tau"] if run else None
+            eta = _ratio(speedup, tau)
+            pvs = _ratio(tok(pvs_pair[0], b), tok(pvs_pair[1], b)) if pvs_pair else None
+            missing = [n for n, e in (("nospec", base), (spec["name"], run)) if e is None]
+            per_round = []
+            for r in sorted((run or {}).get("tok_s_rounds", {})):
+                s_tok = run["tok_s_rounds"][r]
+                n_tok = (base or {}).get("tok_s_rounds", {}).get(r)
+                per_round.append(
+                    {"round": r, "nospec_tok_s": n_tok, "spec_tok_s": s_tok,
+                     "speedup": _r(_ratio(s_tok, n_tok))}
+                )
+            status = "ok" if not missing else "missing: " + ", ".join(
+                f"{n} ({_why(statuses.get(n))})" for n in missing
+            )
+            run, base = run or {}, base or {}
+            rows.append({
+                "batch": b, "steps": steps, "topk": topk, "draft_tokens": draft,
+                "drafter": drafter_of[spec["role"]], "server": spec["name"],
+                "nospec_tok_s": _r(tok("nospec", b), 2), "spec_tok_s": _r(tok(spec["name"], b), 2),
+                "spec_tok_s_min": _r(run.get("tok_s_min"), 2),
+                "spec_tok_s_max": _r(run.get("tok_s_max"), 2),
+                "tau": _r(tau), "speedup": _r(speedup), "eta": _r(eta),
+                "plugin_vs_stock": _r(pvs),
+                "nospec_tpot_ms": _r(base.get("tpot_ms"), 3),
+                "spec_tpot_ms": _r(run.get("tpot_ms"), 3),
+                "cycle_cost_decode_steps": _r(_ratio(1.0, eta)),
+                "errors": run.get("errors", 0) + base.get("errors", 0),
+                "status": status, "rounds": per_round,
+            })
+    return rows
+
+
+def best_and_goals(rows: Sequence[Mapping[str, Any]], compare: Setting | None):
+    """Best main-drafter row at batch 1 (the smallest batch if 1 was not measured), and the
+    goals evaluated there (plugin_vs_stock: at that batch of the compare setting)."""
+    main = [r for r in rows if r["drafter"] == MAIN]
+    if not main:
+        return None, {}
+    batch = 1 if any(r["batch"] == 1 for r in main) else min(r["batch"] for r in main)
+    candidates = [r for r in main if r["batch"] == batch and r["speedup"] is not None]
+    best = max(candidates, key=lambda r: r["speedup"], default=None)
+    at_compare = [r for r in main if compare is not None and r["batch"] == batch
+                  and (r["steps"], r["topk"], r["draft_tokens"]) == tuple(compare)]
+    pvs = at_compare[0]["plugin_vs_stock"] if at_compare else None
+    values = {"speedup": (best or {}).get("speedup"), "eta": (best or {}).get("eta"),
+              "plugin_vs_stock": pvs}
+    goals: dict[str, Any] = {"batch": batch, **values}
+    for name, (key, threshold) in GOALS.items():
+        goals[name] = None if values[key] is None else values[key] >= threshold
+    goals["thresholds"] = {key: threshold for key, threshold in GOALS.values()}
+    return dict(best) if best else None, goals
+
+
+def summarize_fixtures(manifest: Mapping[str, Any], path: str | None = None) -> dict[str, Any]:
+    def small(v: Any) -> bool:
+        scalar = (str, int, float, bool, type(None))
+        return isinstance(v, scalar) or (
+            isinstance(v, list) and len(v) <= 16 and all(isinstance(x, scalar) for x in v)
+        )
+
+    out: dict[str, Any] = {"path": path}
+    for key in ("schema_version", "scale", "device", "device_name", "seed", "total_wall_s"):
+        if key in manifest:
+            out[key] = manifest[key]
+    out["versions"] = manifest.get("versions")
+    for group in ("targets", "drafters"):
+        entries = {}
+        for name, entry in (manifest.get(group) or {}).items():
+            item = {k: v for k, v in entry.items() if small(v)}
+            train = entry.get("train") or {}
+            if train:
+                item["train"] = {k: v for k, v in train.items() if small(v)}
+                if train.get("history"):
+                    item["train"]["final_loss"] = train["history"][-1].get("loss")
+            if isinstance(entry.get("reference"), dict):
+                item["reference"] = {k: v for k, v in entry["reference"].items() if small(v)}
+            entries[name] = item
+        out[group] = entries
+    return out
+
+
+def build_result(
+    meta: Mapping[str, Any],
+    servers: Sequence[Mapping[str, Any]],
+    measurements: Sequence[Mapping[str, Any]],
+    specs: Sequence[Mapping[str, Any]],
+    compare: Setting | None,
+    fixtures: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The result JSON from run metadata, server records and raw measurements."""
+    statuses = {s["name"]: s["status"] for s in servers}
+    rows = build_rows(aggregate(measurements), specs, meta["batches"], statuses)
+    best, goals = best_and_goals(rows, compare)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        **meta,
+        "compare_setting": list(compare) if compare else None,
+        "servers": list(servers),
+        "rows": rows,
+        "best": best,
+        "goals": goals,
+        "measurements": list(measurements),
+        "fixtures": fixtures,
+    }
+
+
+def _f(x: Any, fmt: str) -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    head = ("drafter", "setting", "b", "nospec", "spec", "tau", "speedup", "eta", "p/s",
+            "tpot ms", "status")
+    lines = [head]
+    for r in rows:
+        figures = [_f(r[k], "{:.1f}") for k in ("nospec_tok_s", "spec_tok_s")]
+        figures += [_f(r[k], "{:.3f}") for k in ("tau", "speedup", "eta", "plugin_vs_stock")]
+        setting = label((r["steps"], r["topk"], r["draft_tokens"]))
+        lines.append((r["drafter"], setting, str(r["batch"]), *figures,
+                      _f(r["spec_tpot_ms"], "{:.2f}"), r["status"]))
+    widths = [max(len(line[k]) for line in lines) for k in range(len(head))]
+    return "\n".join(
+        "  ".join(cell.ljust(w) if k in (0, 1, 10) else cell.rjust(w)
+                  for k, (cell, w) in enumerate(zip(line, widths, strict=True))).rstrip()
+        for line in lines
+    )
+
+
+def write_png(result: Mapping[str, Any], path: str) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: --out-png skipped", file=sys.stderr)
+        return False
+    rows, batches = result["rows"], list(result["batches"])
+    series: dict[str, list[Mapping[str, Any]]] = {}
+    for r in rows:
+        name = label((r["steps"], r["topk"], r["draft_tokens"]))
+        key = name if r["drafter"] == MAIN else f"{r['drafter']} {name}"
+        series.setdefault(key, []).append(r)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(14, 5.5))
+    xs = range(len(batches))
+    colour = {key: f"C{k}" for k, key in enumerate(series)}
+    for key, rs in series.items():
+        pts = [(batches.index(r["batch"]), r) for r in rs if r["speedup"] is not None]
+        if not pts:
+            continue
+        style = "-" if rs[0]["drafter"] == MAIN else "--"
+        left.plot([x for x, _ in pts], [r["speedup"] for _, r in pts], style, marker="o",
+                  color=colour[key], label=key)
+        for x, r in pts:
+            if r["eta"] is not None:
+                left.annotate(f"η={r['eta']:.2f}", (x, r["speedup"]), fontsize=7,
+                              textcoords="offset points", xytext=(4, 4))
+    left.axhline(1.0, color="grey", linewidth=0.8)
+    left.set(xticks=list(xs), xticklabels=[str(b) for b in batches], xlabel="batch",
+             ylabel="speedup vs no speculation", title="speedup (η = speedup / τ)")
+    left.legend(fontsize=8, title="steps,topk,draft")
+    bars = {"nospec": {r["batch"]: r["nospec_tok_s"] for r in rows}}
+    bars.update({k: {r["batch"]: r["spec_tok_s"] for r in rs} for k, rs in series.items()})
+    width = 0.8 / max(len(bars), 1)
+    for i, (key, by_batch) in enumerate(bars.items()):
+        right.bar([x + (i - (len(bars) - 1) / 2) * width for x in xs],
+                  [by_batch.get(b) or 0.0 for b in batches], width, label=key,
+                  color=colour.get(key, "grey"))
+    right.set(xticks=list(xs), xticklabels=[str(b) for b in batches], xlabel="batch",
+              ylabel="output tokens / s", title="throughput (median over rounds)")
+    right.legend(fontsize=8)
+    fig.suptitle(
+        f"EAGLE-3 speed: {result.get('gpu')} · SGLang {result.get('sglang_version')} · "
+        f"{result.get('attention_backend')} attention · {result.get('date')}"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+# -- Environment and the run ---------------------------------------------------------------------
+
+
+def gpu_info() -> dict[str, Any]:
+    try:
+        import pynvml
+    except ImportError:
+        return {"name": None, "error": "pynvml (nvidia-ml-py) is not installed"}
+    try:
+        pynvml.nvmlInit()
+        try:
+            h = pynvml.nvmlDeviceGetHandleByIndex(0)
+
+            def text(v: Any) -> str:
+                return v.decode() if isinstance(v, bytes) else v
+
+            clock = pynvml.nvmlDeviceGetClockInfo
+            clock_max = pynvml.nvmlDeviceGetMaxClockInfo
+            sm, mem = pynvml.NVML_CLOCK_SM, pynvml.NVML_CLOCK_MEM
+            return {
+                "name": text(pynvml.nvmlDeviceGetName(h)),
+                "driver": text(pynvml.nvmlSystemGetDriverVersion()),
+                "memory_total_mib": pynvml.nvmlDeviceGetMemoryInfo(h).total // 2**20,
+                "clocks": {"sm_mhz": clock(h, sm), "sm_max_mhz": clock_max(h, sm),
+                           "mem_mhz": clock(h, mem), "mem_max_mhz": clock_max(h, mem)},
+            }
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception as exc:  # noqa: BLE001 - no driver: the run still reports
+        return {"name": None, "error": repr(exc)}
+
+
+def package_version(name: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--target", required=True, help="Llama target (SGLang format)")
+    p.add_argument("--drafter", required=True, help="speculators EAGLE-3 drafter (plugin)")
+    p.add_argument("--drafter-nbr-false", help="speculators drafter, norm_before_residual false")
+    p.add_argument("--drafter-nbr-false-sglang", help="the same, converted (stock SGLang)")
+    p.add_argument("--prompts", required=True, help="JSONL with input_ids per line")
+    p.add_argument("--settings", nargs="+", type=parse_setting,
+                   default=[(3, 1, 4), (5, 1, 6), (4, 4, 8)], metavar="STEPS,TOPK,DRAFT")
+    p.add_argument("--compare-setting", type=parse_setting, default=(5, 1, 6))
+    p.add_argument("--batches", nargs="+", type=_positive_int, default=[1, 4, 16])
+    p.add_argument("--max-new-tokens", type=_positive_int, default=256)
+    p.add_argument("--rounds", type=_positive_int, default=3)
+    p.add_argument("--requests-per-batch", type=_positive_int, default=2, metavar="WAVES")
+    p.add_argument("--mem-fraction", type=float, default=0.13)
+    p.add_argument("--max-total-tokens", type=_positive_int,
+                   help="fixed KV pool size per server (tokens)")
+    p.add_argument("--server-args", default="", help="extra flags for every server (one string)")
+    p.add_argument("--startup-timeout", type=float, default=600.0)
+    p.add_argument("--attention-backend", default="triton")
+    p.add_argument("--port-base", type=_positive_int, default=31000)
+    p.add_argument("--log-dir", default="/tmp/sglang-ext-bench")
+    p.add_argument("--out-json", help="result JSON (default: LOG_DIR/bench_speed.json)")
+    p.add_argument("--out-png")
+    p.add_argument("--fixtures-json", help="fixtures manifest to embed a summary of")
+    p.add_argument("--dry-run", action="store_true", help="print servers and plan, start nothing")
+    return p
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if bool(args.drafter_nbr_false) != bool(args.drafter_nbr_false_sglang):
+        parser.error("--drafter-nbr-false and --drafter-nbr-false-sglang go together")
+    if len(set(args.settings)) != len(args.settings):
+        parser.error(f"--settings: repeated setting in {[label(s) for s in args.settings]}")
+    if args.drafter_nbr_false and args.compare_setting not in args.settings:
+        parser.error(
+            f"--compare-setting {label(args.compare_setting)} is not one of --settings "
+            f"{' '.join(label(s) for s in args.settings)}"
+        )
+    if not 0 < args.mem_fraction < 1:
+        parser.error(f"--mem-fraction {args.mem_fraction}: must be in (0, 1)")
+    args.batches = sorted(set(args.batches))
+    args.compare = args.compare_setting if args.drafter_nbr_false else None
+    return args
+
+
+def _run(server: Server, prompts: Sequence[Any], concurrency: int, max_new_tokens: int):
+    spec = RequestSpec(api="generate", url=server.url, max_new_tokens=max_new_tokens,
+                       temperature=0.0, ignore_eos=True, stream=True)
+    return run_benchmark(spec, prompts, concurrency, warmup=0, progress=False)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        prompts, source = load_prompts(args.prompts)
+    except BenchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if any(p.input_ids is None for p in prompts):
+        print(f"error: {source}: every line needs input_ids (servers skip the tokenizer)",
+              file=sys.stderr)
+        return 2
+    specs = server_specs(args.settings, args.compare)
+    servers = make_servers(specs, args)
+    plan = build_plan([s.name for s in servers], args.batches, args.rounds,
+                      args.requests_per_batch, len(prompts))
+    if args.dry_run:
+        dry = {
+            "servers": [{"name": s.name, "url": s.url, "command": s.command(), "env": s.env}
+                        for s in servers],
+            "warmup": warmup_plan(args.batches),
+            "plan": plan,
+            "prompts": {"source": source, "count": len(prompts)},
+        }
+        print(json.dumps(dry, indent=1))
+        return 0
+
+    date = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    started, measurements, aborted = time.time(), [], None
+    by_name = {s.name: s for s in servers}
+    try:
+        start_all(servers, args.startup_timeout)
+        for s in servers:
+            print(f"{s.name}: {s.status} after {s.ready_after_s} s", file=sys.stderr)
+        for s in servers:
+            if s.status == "ready":
+                for w in warmup_plan(args.batches):
+                    chosen = [prompts[i] for i in prompt_indices(len(prompts), 0, w["requests"])]
+                    _run(s, chosen, w["concurrency"], args.max_new_tokens)
+        for entry in plan:
+            server = by_name[entry["server"]]
+            if server.status == "ready" and not server.alive():
+                server.status = f"died during measurement ({server.process.returncode})"
+            m = {**entry, "status": "ok" if server.status == "ready" else server.status}
+            if server.status == "ready":
+                chosen = [prompts[i] for i in entry["prompts"]]
+                results, wall = _run(server, chosen, entry["concurrency"], args.max_new_tokens)
+                m.update(summarize_measurement(results, wall))
+                print(f"round {entry['round']} {server.name} b={entry['batch']}: "
+                      f"{m['tok_s']} tok/s tau={m['tau']} errors={m['errors']}",
+                      file=sys.stderr)
+            measurements.append(m)
+    except (Exception, KeyboardInterrupt) as exc:
+        aborted = f"{type(exc).__name__}: {exc}"
+        print(f"aborted: {aborted} (writing partial results)", file=sys.stderr)
+    finally:
+        for s in servers:
+            s.stop()
+
+    gpu = gpu_info()
+    server_records = []
+    for spec, s in zip(specs, servers, strict=True):
+        record = {"name": s.name, "role": spec["role"], "setting": spec["setting"],
+                  "command": s.command(), "env": s.env, "status": s.status,
+                  "ready_after_s": s.ready_after_s, "log": str(s.log_path)}
+        if s.status != "ready":
+            record["log_tail"] = s.log_tail(30)
+            record["error"] = s.startup_error()
+        server_records.append(record)
+    fixtures = None
+    if args.fixtures_json:
+        path = Path(args.fixtures_json)
+        fixtures = summarize_fixtures(json.loads(path.read_text()), str(path))
+    meta = {
+        "date": date, "gpu": gpu.get("name"), "gpu_info": gpu,
+        "sglang_version": package_version("sglang"), "torch_version": package_version("torch"),
+        "sglang_ext_version": sglang_ext.__version__, "attention_backend": args.attention_backend,
+        "command": " ".join(sys.argv if argv is None else [__file__, *argv]),
+        "settings": [list(s) for s in args.settings], "batches": args.batches,
+        "max_new_tokens": args.max_new_tokens, "rounds": args.rounds,
+        "requests_per_batch": args.requests_per_batch, "mem_fraction": args.mem_fraction,
+        "server_extra_args": server_extra_args(args),
+        "prompts": {"source": source, "count": len(prompts)},
+        "wall_s": round(time.time() - started, 1), "aborted": aborted,
+    }
+    result = build_result(meta, server_records, measurements, specs, args.compare, fixtures)
+    out_json = Path(args.out_json or Path(args.log_dir) / "bench_speed.json")
+    out_json.parent.mkdir(parents=True, exist_ok=True)
+    out_json.write_text(json.dumps(result, indent=2) + "\n")
+    print(format_table(result["rows"]))
+    best = result["best"] or {}
+    keys = ("steps", "topk", "draft_tokens", "batch", "speedup", "eta", "tau")
+    print(f"best: {json.dumps({k: best.get(k) for k in keys} if best else None)}")
+    print(f"goals: {json.dumps(result['goals'])}")
+    print(f"results written to {out_json}")
+    if args.out_png and write_png(result, args.out_png):
+        print(f"plot written to {args.out_png}")
+    failed = any(s.status != "ready" for s in servers) or any(
+        m.get("errors") for m in measurements
+    )
+    return 1 if aborted or failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

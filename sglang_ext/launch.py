@@ -1,0 +1,217 @@
+"""Launch real SGLang servers as subprocesses (GPU tests, ``scripts/bench_speed.py``).
+
+Each server is ``python -m sglang.launch_server`` on a loopback port, waited on through
+``/health_generate`` and torn down with its whole process group. Several small servers can
+share one GPU (each with a small --mem-fraction-static) and start in parallel.
+
+Stdlib only: importing this module never imports sglang or torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Flags that served on the H200 node with SGLang 0.5.17 (shared/gpu-node/README.md); the
+# attention backend is a Server field (triton gave a cheaper EAGLE-3 cycle than flashinfer);
+# prefill CUDA graphs cost ~80 s.
+BASE_FLAGS = [
+    "--sampling-backend",
+    "pytorch",
+    "--cuda-graph-backend-prefill",
+    "disabled",
+    "--skip-tokenizer-init",
+    "--disable-radix-cache",
+    "--log-level",
+    "info",
+]
+STOCK_ENV = {"SGLANG_PLUGINS": "__no_plugin__"}  # an allow-list that excludes sglang_ext
+DEFAULT_SPEC = (3, 1, 4)  # speculative steps, EAGLE top-k, draft tokens
+
+
+def spec_flags(spec: tuple[int, int, int] = DEFAULT_SPEC) -> list[str]:
+    """The ``--speculative-*`` flags of an EAGLE-3 server (draft path not included)."""
+    steps, topk, draft_tokens = spec
+    return [
+        "--speculative-algorithm",
+        "EAGLE3",
+        "--speculative-num-steps",
+        str(steps),
+        "--speculative-eagle-topk",
+        str(topk),
+        "--speculative-num-draft-tokens",
+        str(draft_tokens),
+    ]
+
+
+@dataclass
+class Server:
+    name: str
+    model: str
+    port: int
+    draft: str | None = None
+    extra: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    mem_fraction: float = 0.05
+    max_bs: int = 4
+    gpu: int = 0  # --base-gpu-id: spreads the small servers over the GPUs of the node
+    log_dir: Path = Path("/tmp")
+    process: subprocess.Popen | None = None
+    status: str = "not started"
+    started_at: float = 0.0
+    ready_after_s: float | None = None
+    spec: tuple[int, int, int] = DEFAULT_SPEC  # used only when `draft` is set
+    attention_backend: str = "triton"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.log_dir / f"server-{self.name}.log"
+
+    def command(self) -> list[str]:
+        cmd = [
+            sys.executable,
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            self.model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--mem-fraction-static",
+            str(self.mem_fraction),
+            "--cuda-graph-max-bs-decode",
+            str(self.max_bs),
+            "--attention-backend",
+            self.attention_backend,
+            *BASE_FLAGS,
+        ]
+        if self.draft:
+            cmd += ["--speculative-draft-model-path", self.draft, *spec_flags(self.spec)]
+        if self.gpu:
+            cmd += ["--base-gpu-id", str(self.gpu)]
+        return cmd + self.extra
+
+    def start(self) -> None:
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("w")
+        log.write(" ".join(self.command()) + "\n" + json.dumps(self.env) + "\n")
+        log.flush()
+        self.process = subprocess.Popen(
+            self.command(), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        self.started_at = time.time()
+        self.status = "starting"
+
+    def wait(self, timeout: float) -> str:
+        deadline = self.started_at + timeout
+        while time.time() < deadline:
+            if self.process.poll() is not None:
+                self.status = f"exited({self.process.returncode})"
+                return self.status
+            try:
+                with urllib.request.urlopen(self.url + "/health_generate", timeout=5) as resp:
+                    if resp.status == 200:
+                        self.status = "ready"
+                        self.ready_after_s = round(time.time() - self.started_at, 1)
+                        return self.status
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                pass
+            time.sleep(2)
+        self.status = "timeout"
+        return self.status
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        try:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            self.process.wait(timeout=20)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def log_tail(self, lines: int = 30) -> list[str]:
+        return self.log_text().splitlines()[-lines:]
+
+    def startup_error(self) -> str | None:
+        """The last ``SomethingError: ...`` line of the log (None when there is none)."""
+        found = re.findall(r"(\w+(?:Error|Exception): [^\n]*)", self.log_text())
+        return found[-1] if found else None
+
+    # -- requests ----------------------------------------------------------------------
+
+    def post(self, path: str, payload: dict, timeout: float = 300) -> dict:
+        request = urllib.request.Request(
+            self.url + path,
+            data=json.dumps(payload).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            return json.loads(resp.read())
+
+    def generate(self, input_ids: list[int], max_new_tokens: int) -> dict:
+        return self.post(
+            "/generate",
+            {
+                "input_ids": input_ids,
+                "sampling_params": {
+                    "temperature": 0.0,
+                    "max_new_tokens": max_new_tokens,
+                    "ignore_eos": True,
+                },
+            },
+        )
+
+    def generate_many(
+        self, prompts: list[list[int]], max_new_tokens: int, concurrency: int = 8
+    ) -> list[dict]:
+        with ThreadPoolExecutor(concurrency) as pool:
+            return list(pool.map(lambda ids: self.generate(ids, max_new_tokens), prompts))
+
+    def metrics_text(self) -> str:
+        with urllib.request.urlopen(self.url + "/metrics", timeout=30) as resp:
+            return resp.read().decode()
+
+
+def start_all(servers: list[Server], timeout: float) -> dict[str, str]:
+    """Start every server, then wait for all of them in parallel; name -> final status."""
+    for server in servers:
+        server.start()
+    results: dict[str, str] = {}
+    threads = [
+        threading.Thread(target=lambda s=s: results.__setitem__(s.name, s.wait(timeout)))
+        for s in servers
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results

@@ -1,0 +1,380 @@
+"""CPU tests of scripts/bench_speed.py: its pure parts (settings, plan, aggregation, rows,
+goals, JSON, PNG) and its main() with the servers and requests replaced by fakes. No SGLang
+server is started here; the GPU run is scripts/bench_speed.py on the node."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from sglang_ext.bench import Acceptance, RequestResult
+from sglang_ext.launch import STOCK_ENV, Server
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_speed.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("bench_speed_script", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+bs = _load()
+
+ALL_SERVERS = {
+    "nospec",
+    "spec-3-1-4",
+    "spec-5-1-6",
+    "spec-4-4-8",
+    "nbrfalse-plugin-5-1-6",
+    "nbrfalse-stock-5-1-6",
+}
+REQUIRED_KEYS = {
+    "schema_version", "date", "gpu", "gpu_info", "sglang_version", "torch_version",
+    "sglang_ext_version", "attention_backend", "command", "servers", "settings", "batches",
+    "max_new_tokens", "rounds", "rows", "best", "goals", "measurements", "fixtures",
+}
+
+
+@pytest.fixture
+def prompts_file(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"input_ids": [k + 1, k + 2]}) + "\n" for k in range(10)))
+    return path
+
+
+def _argv(prompts_file, *extra, nbr=True):
+    argv = ["--target", "T", "--drafter", "D", "--prompts", str(prompts_file)]
+    if nbr:
+        argv += ["--drafter-nbr-false", "N", "--drafter-nbr-false-sglang", "NS"]
+    return argv + list(extra)
+
+
+# ------------------------------------------------------------------ settings
+
+
+def test_parse_setting_accepts_valid_settings():
+    assert bs.parse_setting("3,1,4") == (3, 1, 4)
+    assert bs.parse_setting("4,4,8") == (4, 4, 8)
+    assert bs.parse_setting("4,4,17") == (4, 4, 17)  # topk*steps+1 is the ceiling
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        ("4,1,4", "with topk 1 draft_tokens must be steps+1 = 5"),
+        ("3,2,8", "draft_tokens 8 exceeds topk*steps+1 = 7"),
+        ("0,1,1", "all three must be positive"),
+        ("3,-1,4", "all three must be positive"),
+        ("3,1", "expected three integers"),
+        ("3,x,4", "expected three integers"),
+    ],
+)
+def test_bad_settings_are_argparse_errors_naming_the_value(prompts_file, capsys, value, reason):
+    with pytest.raises(SystemExit) as exc:
+        bs.parse_args(_argv(prompts_file, "--settings", "3,1,4", value))
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument --settings: setting '{value}'" in err
+    assert reason in err
+
+
+def test_compare_setting_must_be_one_of_the_settings(prompts_file, capsys):
+    with pytest.raises(SystemExit):
+        bs.parse_args(_argv(prompts_file, "--settings", "3,1,4", "--compare-setting", "5,1,6"))
+    assert "--compare-setting 5,1,6 is not one of --settings 3,1,4" in capsys.readouterr().err
+    # without the nbr-false drafters the compare setting is not used, so it is not checked
+    args = bs.parse_args(_argv(prompts_file, "--settings", "3,1,4", nbr=False))
+    assert args.compare is None
+
+
+def test_nbr_false_drafters_go_together_and_batches_are_sorted(prompts_file, capsys):
+    with pytest.raises(SystemExit):
+        bs.parse_args(["--target", "T", "--drafter", "D", "--prompts", str(prompts_file),
+                       "--drafter-nbr-false", "N"])
+    assert "go together" in capsys.readouterr().err
+    args = bs.parse_args(_argv(prompts_file, "--batches", "16", "1", "4", "4"))
+    assert args.batches == [1, 4, 16]
+    assert args.compare == (5, 1, 6)
+
+
+# ------------------------------------------------------------------ plan
+
+
+def test_rotation_alternates_the_server_order_across_rounds():
+    assert bs.rotate(["a", "b"], 0) == ["a", "b"]
+    assert bs.rotate(["a", "b"], 1) == ["b", "a"]
+    assert bs.rotate(["a", "b"], 2) == ["a", "b"]
+    assert bs.rotate(["a", "b", "c"], 4) == ["b", "c", "a"]
+    plan = bs.build_plan(["a", "b", "c"], [1, 4], rounds=3, waves=2, num_prompts=10)
+    order = {}
+    for entry in plan:
+        names = order.setdefault(entry["round"], [])
+        if entry["server"] not in names:
+            names.append(entry["server"])
+    assert order == {0: ["a", "b", "c"], 1: ["b", "c", "a"], 2: ["c", "a", "b"]}
+    assert len(plan) == 3 * 3 * 2
+
+
+def test_same_prompts_per_round_and_batch_across_servers():
+    plan = bs.build_plan(["a", "b", "c"], [1, 4], rounds=2, waves=2, num_prompts=10)
+    seen: dict = {}
+    for entry in plan:
+        seen.setdefault((entry["round"], entry["batch"]), set()).add(tuple(entry["prompts"]))
+        assert entry["concurrency"] == entry["batch"]
+    assert all(len(v) == 1 for v in seen.values())
+    assert seen[(0, 1)] == {(0, 1, 2, 3)}  # batch 1: at least 4 requests
+    assert seen[(0, 4)] == {(0, 1, 2, 3, 4, 5, 6, 7)}  # batch 4: 4 x 2 waves
+    assert seen[(1, 4)] == {(8, 9, 0, 1, 2, 3, 4, 5)}  # the next round moves on
+    assert bs.requests_for_batch(1, 6) == 6 and bs.requests_for_batch(16, 2) == 32
+
+
+# ------------------------------------------------------------------ aggregation
+
+
+def _m(server, batch, rnd, tok_s, tokens=1024, verify=None, tpot=None, errors=0, status="ok"):
+    return {
+        "round": rnd, "server": server, "batch": batch, "status": status, "tokens": tokens,
+        "wall_s": tokens / tok_s if tok_s else None, "tok_s": tok_s, "tpot_ms": tpot,
+        "verify": verify, "verify_tokens": tokens if verify else 0, "errors": errors,
+    }
+
+
+SPECS = bs.server_specs([(3, 1, 4), (5, 1, 6), (4, 4, 8)], (5, 1, 6))
+STATUSES = {s["name"]: "ready" for s in SPECS} | {"spec-4-4-8": "exited(1)"}
+
+
+def _measurements():
+    ms = []
+    for r, t in enumerate([100, 90, 130]):  # medians differ from means on purpose
+        ms.append(_m("nospec", 1, r, t, tpot=[10.0, 14.0, 9.0][r]))
+        ms.append(_m("nospec", 4, r, 4 * t))
+    for r, (t, v) in enumerate([(250, 400), (240, 410), (300, 390)]):
+        ms.append(_m("spec-3-1-4", 1, r, t, verify=v, tpot=4.0 + r * r))
+        ms.append(_m("spec-3-1-4", 4, r, 3 * 4 * [100, 90, 130][r], verify=v, errors=r))
+    for r, t in enumerate([280, 330, 290]):
+        ms.append(_m("spec-5-1-6", 1, r, t, verify=300))
+    for r, (p, s) in enumerate([(200, 205), (198, 200), (230, 240)]):
+        ms.append(_m("nbrfalse-plugin-5-1-6", 1, r, p, verify=350))
+        ms.append(_m("nbrfalse-stock-5-1-6", 1, r, s, verify=340))
+    for r in range(3):
+        ms.append(_m("spec-4-4-8", 1, r, None, tokens=0, status="exited(1)"))
+    return ms
+
+
+def test_aggregate_median_and_pooled_tau():
+    agg = bs.aggregate(_measurements())
+    assert agg[("nospec", 1)]["tok_s"] == 100
+    assert agg[("nospec", 1)]["tok_s_min"] == 90 and agg[("nospec", 1)]["tok_s_max"] == 130
+    assert agg[("nospec", 1)]["tau"] is None
+    assert agg[("nospec", 1)]["tpot_ms"] == 10.0
+    spec = agg[("spec-3-1-4", 1)]
+    assert spec["tok_s"] == 250
+    assert spec["tok_s_rounds"] == {0: 250, 1: 240, 2: 300}
+    assert spec["tau"] == pytest.approx(3 * 1024 / (400 + 410 + 390))  # sum tokens / sum verify
+    assert agg[("spec-3-1-4", 4)]["errors"] == 0 + 1 + 2
+    assert ("spec-4-4-8", 1) not in agg  # the failed server has no figures
+
+
+def _row(rows, drafter, setting, batch):
+    found = [
+        r for r in rows
+        if r["drafter"] == drafter and (r["steps"], r["topk"], r["draft_tokens"]) == setting
+        and r["batch"] == batch
+    ]
+    assert len(found) == 1, (drafter, setting, batch)
+    return found[0]
+
+
+def test_rows_speedup_eta_plugin_vs_stock_best_and_goals():
+    rows = bs.build_rows(bs.aggregate(_measurements()), SPECS, [1, 4], STATUSES)
+    r = _row(rows, bs.MAIN, (3, 1, 4), 1)
+    tau = 3 * 1024 / 1200
+    assert r["nospec_tok_s"] == 100 and r["spec_tok_s"] == 250
+    assert r["tau"] == pytest.approx(tau, abs=1e-4)
+    assert r["speedup"] == 2.5
+    assert r["eta"] == pytest.approx(2.5 / tau, abs=1e-4)
+    assert r["cycle_cost_decode_steps"] == pytest.approx(tau / 2.5, abs=1e-4)
+    assert r["plugin_vs_stock"] is None  # not the compare setting
+    assert r["nospec_tpot_ms"] == 10.0 and r["spec_tpot_ms"] == 5.0
+    assert [x["speedup"] for x in r["rounds"]] == [2.5, pytest.approx(2.6667, abs=1e-4),
+                                                   pytest.approx(2.3077, abs=1e-4)]
+    assert r["status"] == "ok"
+    assert _row(rows, bs.MAIN, (3, 1, 4), 4)["speedup"] == 3.0
+    assert _row(rows, bs.MAIN, (3, 1, 4), 4)["errors"] == 3
+    # plugin_vs_stock only at the compare setting: main row and both nbr-false rows
+    pvs = pytest.approx(200 / 205, abs=1e-4)
+    assert _row(rows, bs.MAIN, (5, 1, 6), 1)["plugin_vs_stock"] == pvs
+    assert _row(rows, bs.NBR_PLUGIN, (5, 1, 6), 1)["plugin_vs_stock"] == pvs
+    assert _row(rows, bs.NBR_STOCK, (5, 1, 6), 1)["plugin_vs_stock"] == pvs
+    assert _row(rows, bs.NBR_PLUGIN, (5, 1, 6), 1)["speedup"] == 2.0
+    assert _row(rows, bs.NBR_STOCK, (5, 1, 6), 1)["spec_tok_s"] == 205
+    assert _row(rows, bs.NBR_STOCK, (5, 1, 6), 4)["plugin_vs_stock"] is None  # not measured
+    assert all(x["plugin_vs_stock"] is None for x in rows if x["steps"] != 5)
+    failed = _row(rows, bs.MAIN, (4, 4, 8), 1)
+    assert failed["speedup"] is None and failed["status"] == "missing: spec-4-4-8 (exited(1))"
+    assert len(rows) == (3 + 2) * 2
+
+    best, goals = bs.best_and_goals(rows, (5, 1, 6))
+    assert (best["steps"], best["topk"], best["draft_tokens"], best["batch"]) == (5, 1, 6, 1)
+    assert best["speedup"] == 2.9
+    assert goals["speedup"] == 2.9 and goals["speedup_ge_2_5"] is True
+    assert goals["eta"] == pytest.approx(2.9 / (1024 / 300), abs=1e-4)
+    assert goals["eta_ge_0_80"] is True
+    assert goals["plugin_vs_stock"] == pvs and goals["plugin_vs_stock_ge_0_99"] is False
+    # without a comparison, that goal is unknown, not failed
+    _, goals = bs.best_and_goals(rows, None)
+    assert goals["plugin_vs_stock"] is None and goals["plugin_vs_stock_ge_0_99"] is None
+
+
+def test_summarize_measurement_from_request_results():
+    results = [
+        RequestResult(0, True, completion_tokens=256, tpot_s=0.004,
+                      acceptance=Acceptance(verify_steps=100)),
+        RequestResult(1, True, completion_tokens=256, tpot_s=0.006,
+                      acceptance=Acceptance(verify_steps=60)),
+        RequestResult(2, False, error="HTTP 500"),
+    ]
+    m = bs.summarize_measurement(results, 2.0)
+    assert m["tokens"] == 512 and m["tok_s"] == 256.0
+    assert m["tau"] == 512 / 160 and m["verify"] == 160
+    assert m["tpot_ms"] == 5.0
+    assert m["errors"] == 1 and m["error_samples"] == ["HTTP 500"]
+    nospec = bs.summarize_measurement([RequestResult(0, True, completion_tokens=10)], 1.0)
+    assert nospec["tau"] is None and nospec["verify"] is None
+
+
+# ------------------------------------------------------------------ JSON, table, PNG
+
+
+def _result():
+    meta = {"date": "2026-12-01T00:00:00+00:00", "gpu": "NVIDIA H200", "gpu_info": {},
+            "sglang_version": "0.5.17", "torch_version": "2.9", "sglang_ext_version": "0.1.0",
+            "attention_backend": "triton", "command": "bench_speed.py", "settings": [],
+            "batches": [1, 4], "max_new_tokens": 256, "rounds": 3}
+    servers = [{"name": n, "status": s} for n, s in STATUSES.items()]
+    manifest = {"scale": "full", "drafters": {"d": {"params": 5, "train": {"history": [
+        {"loss": 9.0}, {"loss": 1.5}]}, "reference": {"tau": 2.1, "per_prompt": list(range(99))}}}}
+    return bs.build_result(meta, servers, _measurements(), SPECS, (5, 1, 6),
+                           bs.summarize_fixtures(manifest, "fixtures.json"))
+
+
+def test_result_json_has_the_required_keys(tmp_path):
+    path = tmp_path / "out.json"
+    path.write_text(json.dumps(_result()))
+    data = json.loads(path.read_text())
+    assert REQUIRED_KEYS <= set(data)
+    assert data["best"]["speedup"] == 2.9 and data["goals"]["speedup_ge_2_5"] is True
+    assert len(data["measurements"]) == len(_measurements())
+    assert data["fixtures"]["drafters"]["d"] == {
+        "params": 5, "train": {"final_loss": 1.5}, "reference": {"tau": 2.1}
+    }
+    table = bs.format_table(data["rows"])
+    assert table.splitlines()[0].split()[:3] == ["drafter", "setting", "b"]
+    assert "missing: spec-4-4-8 (exited(1))" in table
+    assert len(table.splitlines()) == 1 + len(data["rows"])
+
+
+def test_png_is_written(tmp_path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "speed.png"
+    assert bs.write_png(_result(), str(path)) is True
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ------------------------------------------------------------------ CLI
+
+
+def test_dry_run_prints_servers_and_plan_and_starts_nothing(prompts_file, capsys, monkeypatch):
+    monkeypatch.setattr(bs, "start_all", lambda *a: pytest.fail("dry run started servers"))
+    rc = bs.main(_argv(prompts_file, "--dry-run", "--batches", "1", "4", "--rounds", "2"))
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    servers = {s["name"]: s for s in out["servers"]}
+    assert set(servers) == ALL_SERVERS
+    stock = {n for n, s in servers.items() if "SGLANG_PLUGINS" in s["env"]}
+    assert stock == {"nospec", "nbrfalse-stock-5-1-6"}
+    assert servers["nospec"]["env"] == STOCK_ENV
+    cmd = servers["nbrfalse-stock-5-1-6"]["command"]
+    assert cmd[cmd.index("--speculative-draft-model-path") + 1] == "NS"
+    assert cmd[cmd.index("--speculative-num-steps") + 1] == "5"
+    assert cmd[cmd.index("--cuda-graph-max-bs-decode") + 1] == "4"
+    assert cmd[cmd.index("--mem-fraction-static") + 1] == "0.13"
+    assert "--speculative-algorithm" not in servers["nospec"]["command"]
+    topk = servers["spec-4-4-8"]["command"]
+    assert topk[topk.index("--speculative-eagle-topk") + 1] == "4"
+    assert len({s["url"] for s in out["servers"]}) == 6
+    assert len(out["plan"]) == 2 * 6 * 2
+    assert out["warmup"] == [{"requests": 2, "concurrency": 1}, {"requests": 4, "concurrency": 4}]
+
+
+def test_main_with_fake_servers_writes_partial_results(prompts_file, tmp_path, monkeypatch):
+    """Full main(): one server fails to start, the others are measured through a fake
+    request runner; the JSON is still written, with the failure and its log tail."""
+
+    def fake_start_all(servers, timeout):
+        for s in servers:
+            s.status = "exited(1)" if s.name == "spec-4-4-8" else "ready"
+            s.log_dir.mkdir(parents=True, exist_ok=True)
+            s.log_path.write_text("".join(f"line {k}\n" for k in range(40)) + "ValueError: x\n")
+        return {s.name: s.status for s in servers}
+
+    speed = {"nospec": 100.0, "spec-3-1-4": 250.0, "spec-5-1-6": 280.0,
+             "nbrfalse-plugin-5-1-6": 200.0, "nbrfalse-stock-5-1-6": 202.0}
+    calls = []
+
+    def fake_run(server, prompts, concurrency, max_new_tokens):
+        calls.append((server.name, len(prompts), concurrency))
+        results = [
+            RequestResult(k, True, completion_tokens=max_new_tokens, tpot_s=0.005,
+                          acceptance=Acceptance(verify_steps=None if server.name == "nospec"
+                                                else max_new_tokens // 4))
+            for k in range(len(prompts))
+        ]
+        return results, len(prompts) * max_new_tokens / speed[server.name]
+
+    monkeypatch.setattr(bs, "start_all", fake_start_all)
+    monkeypatch.setattr(bs, "_run", fake_run)
+    monkeypatch.setattr(Server, "alive", lambda self: True)
+    monkeypatch.setattr(bs, "gpu_info", lambda: {"name": "FakeGPU"})
+    out_json, out_png = tmp_path / "r.json", tmp_path / "r.png"
+    rc = bs.main(_argv(prompts_file, "--batches", "1", "2", "--rounds", "2", "--max-new-tokens",
+                       "64", "--log-dir", str(tmp_path / "logs"), "--out-json", str(out_json),
+                       "--out-png", str(out_png)))
+    assert rc == 1  # a server failed
+    data = json.loads(out_json.read_text())
+    assert REQUIRED_KEYS <= set(data)
+    assert data["gpu"] == "FakeGPU" and data["aborted"] is None
+    failed = next(s for s in data["servers"] if s["name"] == "spec-4-4-8")
+    assert failed["status"] == "exited(1)" and failed["error"] == "ValueError: x"
+    assert len(failed["log_tail"]) == 30 and failed["log_tail"][-1] == "ValueError: x"
+    # warm-up: 2 at batch 1 and one wave at the largest batch, per ready server
+    assert calls[:2] == [("nospec", 2, 1), ("nospec", 2, 2)]
+    timed = calls[2 * 5:]
+    assert len(timed) == 2 * 5 * 2  # rounds x ready servers x batches
+    assert ("nospec", 4, 1) in timed and ("spec-3-1-4", 4, 2) in timed
+    row = _row(data["rows"], bs.MAIN, (3, 1, 4), 1)
+    assert row["speedup"] == 2.5 and row["tau"] == 4.0 and row["eta"] == 0.625
+    assert _row(data["rows"], bs.MAIN, (5, 1, 6), 2)["plugin_vs_stock"] == pytest.approx(
+        200 / 202, abs=1e-4
+    )
+    assert _row(data["rows"], bs.MAIN, (4, 4, 8), 1)["status"].startswith("missing: spec-4-4-8")
+    assert data["goals"]["speedup_ge_2_5"] is True and data["goals"]["eta_ge_0_80"] is False
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert out_png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_launch_server_spec_and_attention_backend():
+    cmd = Server("s", "m", 1, "d", spec=(5, 1, 6), attention_backend="fa3").command()
+    assert cmd[cmd.index("--attention-backend") + 1] == "fa3"
+    assert cmd[cmd.index("--speculative-num-steps") + 1] == "5"
+    assert cmd[cmd.index("--speculative-num-draft-tokens") + 1] == "6"
+    default = Server("s", "m", 1).command()
+    assert default[default.index("--attention-backend") + 1] == "triton"
+    assert "--speculative-algorithm" not in default
