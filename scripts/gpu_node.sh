@@ -8,9 +8,20 @@
 #   bash scripts/gpu_node.sh patched VERSION     patched copy of SGLang in /tmp/site_patched
 #   bash scripts/gpu_node.sh test [pytest args]  pytest -m gpu tests/gpu (results -> $OUT)
 #
+# Speed benchmark (issue 7), chunks from the training-first split .wh/s1..s4:
+#   bash scripts/gpu_node.sh speed-start [bench args]
+#                                                stage s1 s4, install the training subset into
+#                                                /tmp/site-train, start fixtures + benchmark in
+#                                                the background (setsid; runs while warm)
+#   bash scripts/gpu_node.sh stage s2; ... stage s3 && bash scripts/gpu_node.sh install
+#                                                (install also releases the pipeline's widen stage)
+#   bash scripts/gpu_node.sh speed-wait [SECS]   watch; fixture manifest + results -> $OUT
+#   bash scripts/gpu_node.sh speed-bench [args]  scripts/bench_speed.py -> $OUT (fixtures ready)
+#
 # Wheel chunks come from: python scripts/wheelhouse.py build --profile h200-cu130-py312 --out .wh
 set -euo pipefail
 WH=/tmp/wh SITE=/tmp/site FIX=/tmp/fixtures LOGS=/tmp/sglang-ext-logs
+SPEED=/tmp/speed TRAIN_SITE=/tmp/site-train INSTALLED=/tmp/sglang-installed
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -34,6 +45,72 @@ print(json.dumps({n: md.version(n) for n in names} | {"torch": torch.__version__
       "cuda": torch.cuda.is_available(), "gpus": torch.cuda.device_count()}))
 print([ep.name for ep in md.entry_points(group="sglang.srt.plugins")])
 PY
+    touch "$INSTALLED"
+    ;;
+speed-start)
+    mkdir -p "$WH" "$SPEED"
+    cp .wh/s1/*.whl .wh/s4/*.whl "$WH"/
+    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$TRAIN_SITE" \
+        .wh/s1/*.whl .wh/s4/*.whl
+    rm -rf /tmp/repo && mkdir /tmp/repo && cp -r scripts sglang_ext pyproject.toml /tmp/repo/
+    SPEED_BENCH_ARGS="$*" setsid nohup bash /tmp/repo/scripts/gpu_node.sh speed-pipeline \
+        >"$SPEED/pipeline.log" 2>&1 </dev/null &
+    sleep 2
+    cat "$SPEED/pipeline.log"
+    ;;
+speed-pipeline)
+    # base -> (after `install`) widen-target || drafter nbr=true || drafter nbr=false
+    #      -> widen-drafters -> speed-bench; ends with DONE or FAILED. Runs detached, so no
+    # idle gap between device calls can lose it: `speed-wait` only watches.
+    cd /tmp/repo
+    run() { PYTHONPATH="$1" python3 scripts/make_speed_fixtures.py --out "$SPEED" "${@:2}"; }
+    ok=0
+    if run "$TRAIN_SITE" --stage base; then
+        while [ ! -f "$INSTALLED" ]; do sleep 2; done
+        run "$SITE" --stage widen-target >"$SPEED/widen-target.log" 2>&1 &
+        p0=$!
+        run "$SITE" --stage drafter --nbr true >"$SPEED/drafter-true.log" 2>&1 &
+        p1=$!
+        run "$SITE" --stage drafter --nbr false >"$SPEED/drafter-false.log" 2>&1 &
+        p2=$!
+        if wait "$p0" && wait "$p1" && wait "$p2" && run "$SITE" --stage widen-drafters; then
+            ok=1
+        fi
+    fi
+    if [ "$ok" = 1 ]; then
+        # shellcheck disable=SC2086  # bench flags, split on purpose
+        OUT="$SPEED/result" PYTHONPATH="$SITE" timeout -s INT "${SPEED_BENCH_LIMIT:-560}" \
+            bash scripts/gpu_node.sh speed-bench ${SPEED_BENCH_ARGS:-} || true
+        touch "$SPEED/DONE"
+    else
+        touch "$SPEED/FAILED"
+    fi
+    ;;
+speed-wait)
+    limit=${1:-540}
+    for _ in $(seq "$limit"); do
+        if [ -f "$SPEED/DONE" ] || [ -f "$SPEED/FAILED" ]; then break; fi
+        sleep 1
+    done
+    tail -n 3 "$SPEED"/*.log 2>/dev/null | grep -v Warning
+    tail -n 25 "$SPEED/result/bench.log" 2>/dev/null
+    cp "$SPEED"/stage-*.json "$SPEED"/speed-fixtures.json "$OUT"/ 2>/dev/null || true
+    cp "$SPEED"/result/speed.json "$SPEED"/result/speed.png "$OUT"/ 2>/dev/null || true
+    nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
+    [ -f "$SPEED/DONE" ]
+    ;;
+speed-bench)
+    mkdir -p "$OUT"
+    python3 scripts/bench_speed.py --target "$SPEED/target-8b" \
+        --drafter "$SPEED/drafter-8b-nbr-true" \
+        --drafter-nbr-false "$SPEED/drafter-8b-nbr-false" \
+        --drafter-nbr-false-sglang "$SPEED/drafter-8b-nbr-false-sglang" \
+        --prompts "$SPEED/prompts.jsonl" --fixtures-json "$SPEED/speed-fixtures.json" \
+        --log-dir "$LOGS" --out-json "$OUT/speed.json" --out-png "$OUT/speed.png" "$@" \
+        2>&1 | tee "$OUT/bench.log"
+    status=${PIPESTATUS[0]}
+    tar -czf "$OUT/server-logs.tgz" -C "$LOGS" . 2>/dev/null
+    exit "$status"
     ;;
 fixtures)
     python3 scripts/make_fixtures.py --out "$FIX" --scale full --device cuda "$@" 2>&1 | tee "$OUT/fixtures.log"

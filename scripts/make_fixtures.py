@@ -670,7 +670,9 @@ def build_vocab_mapping(stream: torch.Tensor, vocab_size: int, draft_vocab_size:
 # --------------------------------------------------------------------------------------
 
 
-def make_layer_config(target_dir: Path, num_layers: int, draft_arch: str):
+def make_layer_config(
+    target_dir: Path, num_layers: int, draft_arch: str, full_attention: bool = False
+):
     """speculators' own draft decoder config builder (train/cli.py).
 
     ``speculators.train.cli`` imports the whole trainer stack; if a dependency of it is
@@ -687,7 +689,7 @@ def make_layer_config(target_dir: Path, num_layers: int, draft_arch: str):
         draft_arch=draft_arch,
         hidden_act=None,
         sliding_window=2048,
-        full_attention_indices=[],
+        full_attention_indices=list(range(num_layers)) if full_attention else [],
     )
     return cfg, "speculators.train.cli.create_transformer_layer_config"
 
@@ -730,11 +732,15 @@ def build_drafter(
     num_layers: int,
     draft_arch: str,
     aux_ids: list[int],
-    t2d: torch.Tensor,
-    d2t: torch.Tensor,
+    t2d: torch.Tensor | None,
+    d2t: torch.Tensor | None,
     attn_impl: str,
     seed: int,
+    norm_before_residual: bool = True,
+    full_attention: bool = False,
+    num_spec_tokens: int = NUM_SPEC_TOKENS,
 ):
+    """speculators' Eagle3DraftModel as its trainer builds it (t2d/d2t None: full vocab)."""
     from speculators.config import SpeculatorsConfig, VerifierConfig
     from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
     from speculators.models.utils import resolve_target_layer_ids
@@ -742,12 +748,12 @@ def build_drafter(
 
     # Raises for duplicate / out-of-range explicit ids, exactly like the trainer.
     aux_ids = resolve_target_layer_ids(list(aux_ids), str(target_dir))
-    layer_cfg, source = make_layer_config(target_dir, num_layers, draft_arch)
+    layer_cfg, source = make_layer_config(target_dir, num_layers, draft_arch, full_attention)
     layer_cfg._attn_implementation = attn_impl
     config = Eagle3SpeculatorConfig(
         transformer_layer_config=layer_cfg,
-        draft_vocab_size=int(d2t.numel()),
-        norm_before_residual=True,
+        draft_vocab_size=int(d2t.numel()) if d2t is not None else layer_cfg.vocab_size,
+        norm_before_residual=norm_before_residual,
         norm_before_fc=True,
         fc_norm=False,
         norm_output=True,
@@ -755,14 +761,15 @@ def build_drafter(
         eagle_aux_hidden_state_layer_ids=list(aux_ids),
         speculators_config=SpeculatorsConfig(
             algorithm="eagle3",
-            proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=NUM_SPEC_TOKENS)],
+            proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=num_spec_tokens)],
             default_proposal_method="greedy",
             verifier=VerifierConfig.from_pretrained(str(target_dir)),
         ),
     )
     seed_all(seed)
     model = Eagle3DraftModel(config)
-    model.load_vocab_mappings(t2d, d2t)
+    if t2d is not None:
+        model.load_vocab_mappings(t2d, d2t)
     model.load_verifier_weights()
     return model, source
 
@@ -829,7 +836,10 @@ def train_drafter(
     loss_impl: str,
     compile_drafter: bool,
     time_cap: float | None,
+    ttt_steps: int = NUM_SPEC_TOKENS,
+    sample_fn=None,
 ):
+    """speculators' forward + loss; batches of raw text, or of ``sample_fn(gen)`` [B, L]."""
     from speculators.losses import resolve_loss_config
 
     aux_ids = list(drafter.config.eagle_aux_hidden_state_layer_ids)
@@ -849,15 +859,17 @@ def train_drafter(
     def fwd(batch, cfg):
         with autocast_ctx(device), _compile_stance(compile_drafter):
             return drafter(
-                **batch, ttt_steps=NUM_SPEC_TOKENS, ttt_step_loss_decay=1.0, loss_config=cfg
+                **batch, ttt_steps=ttt_steps, ttt_step_loss_decay=1.0, loss_config=cfg
             )
 
     for step in range(steps):
         for group in opt.param_groups:
             group["lr"] = lr_at(step, steps, lr)
-        batch = drafter_batch(
-            target, sample_batch(stream, chunks, seq_len, gen, device), aux_ids, device
-        )
+        if sample_fn is not None:
+            tokens = sample_fn(gen)
+        else:
+            tokens = sample_batch(stream, chunks, seq_len, gen, device)
+        batch = drafter_batch(target, tokens, aux_ids, device)
         opt.zero_grad(set_to_none=True)
         try:
             _, loss, metrics = fwd(batch, loss_config)
@@ -879,7 +891,7 @@ def train_drafter(
                 "loss": round(loss.item(), 4),
                 "t": round(time.perf_counter() - start, 2),
             }
-            entry.update(_step_metrics(metrics, NUM_SPEC_TOKENS))
+            entry.update(_step_metrics(metrics, ttt_steps))
             history.append(entry)
         if time_cap is not None and time.perf_counter() - start > time_cap:
             stopped_early = step < steps - 1
@@ -888,7 +900,7 @@ def train_drafter(
                 "loss": round(loss.item(), 4),
                 "t": round(time.perf_counter() - start, 2),
             }
-            entry.update(_step_metrics(metrics, NUM_SPEC_TOKENS))
+            entry.update(_step_metrics(metrics, ttt_steps))
             history.append(entry)
             break
     drafter.eval()
@@ -898,7 +910,7 @@ def train_drafter(
         "chunks_per_step": chunks,
         "seq_len": seq_len,
         "lr": lr,
-        "ttt_steps": NUM_SPEC_TOKENS,
+        "ttt_steps": ttt_steps,
         "ttt_step_loss_decay": 1.0,
         "loss_fn": LOSS_NAME,
         "loss_implementation": used_impl,
@@ -909,7 +921,9 @@ def train_drafter(
     }
     if history:
         result["first_loss"], result["last_loss"] = history[0]["loss"], history[-1]["loss"]
-    result["heldout"] = eval_drafter(drafter, target, heldout, device, loss_config, compile_drafter)
+    result["heldout"] = eval_drafter(
+        drafter, target, heldout, device, loss_config, compile_drafter, ttt_steps
+    )
     # 1 + sum_k P(steps 0..k all correct) under teacher forcing: an offline tau estimate.
     result["heldout"]["tau_estimate"] = round(1.0 + sum(result["heldout"]["full_acc_per_step"]), 4)
     return result
@@ -917,7 +931,13 @@ def train_drafter(
 
 @torch.no_grad()
 def eval_drafter(
-    drafter, target, chunks: torch.Tensor, device: str, loss_config, compile_drafter: bool
+    drafter,
+    target,
+    chunks: torch.Tensor,
+    device: str,
+    loss_config,
+    compile_drafter: bool,
+    ttt_steps: int = NUM_SPEC_TOKENS,
 ) -> dict[str, Any]:
     aux_ids = list(drafter.config.eagle_aux_hidden_state_layer_ids)
     drafter.to(device).eval()
@@ -927,9 +947,9 @@ def eval_drafter(
         batch = drafter_batch(target, chunks[i : i + 4].to(device), aux_ids, device)
         with autocast_ctx(device), _compile_stance(compile_drafter):
             _, loss, metrics = drafter(
-                **batch, ttt_steps=NUM_SPEC_TOKENS, ttt_step_loss_decay=1.0, loss_config=loss_config
+                **batch, ttt_steps=ttt_steps, ttt_step_loss_decay=1.0, loss_config=loss_config
             )
-        m = _step_metrics(metrics, NUM_SPEC_TOKENS)
+        m = _step_metrics(metrics, ttt_steps)
         m["loss"] = [float(loss)]
         for key, vals in m.items():
             vals = [v if v is not None else 0.0 for v in vals]
