@@ -310,31 +310,44 @@ def best_and_goals(rows: Sequence[Mapping[str, Any]], compare: Setting | None):
     return dict(best) if best else None, goals
 
 
-def summarize_fixtures(manifest: Mapping[str, Any], path: str | None = None) -> dict[str, Any]:
-    def small(v: Any) -> bool:
-        scalar = (str, int, float, bool, type(None))
-        return isinstance(v, scalar) or (
-            isinstance(v, list) and len(v) <= 16 and all(isinstance(x, scalar) for x in v)
-        )
+def _compact(value: Any, depth: int = 4) -> Any:
+    """Scalars, short scalar lists and nested dicts of them; training histories dropped."""
+    scalar = (str, int, float, bool, type(None))
+    if isinstance(value, scalar):
+        return value
+    if isinstance(value, list):
+        ok = len(value) <= 16 and all(isinstance(x, scalar) for x in value)
+        return value if ok else None
+    if isinstance(value, Mapping) and depth > 0:
+        out = {}
+        history = value.get("history")
+        if isinstance(history, list) and history and isinstance(history[-1], Mapping):
+            out["final_loss"] = history[-1].get("loss")
+        for key, item in value.items():
+            if key in ("history", "per_prompt"):
+                continue
+            kept = _compact(item, depth - 1)
+            if kept is not None and kept != {}:
+                out[key] = kept
+        return out
+    return None
 
+
+def summarize_fixtures(manifest: Mapping[str, Any], path: str | None = None) -> dict[str, Any]:
+    """A compact copy of a fixtures manifest: make_fixtures.py's (targets/drafters) or
+    make_speed_fixtures.py's (one report per stage)."""
     out: dict[str, Any] = {"path": path}
     for key in ("schema_version", "scale", "device", "device_name", "seed", "total_wall_s"):
         if key in manifest:
             out[key] = manifest[key]
+    if "stages" in manifest:
+        out["stages"] = _compact(manifest["stages"])
+        return out
     out["versions"] = manifest.get("versions")
     for group in ("targets", "drafters"):
-        entries = {}
-        for name, entry in (manifest.get(group) or {}).items():
-            item = {k: v for k, v in entry.items() if small(v)}
-            train = entry.get("train") or {}
-            if train:
-                item["train"] = {k: v for k, v in train.items() if small(v)}
-                if train.get("history"):
-                    item["train"]["final_loss"] = train["history"][-1].get("loss")
-            if isinstance(entry.get("reference"), dict):
-                item["reference"] = {k: v for k, v in entry["reference"].items() if small(v)}
-            entries[name] = item
-        out[group] = entries
+        out[group] = {
+            name: _compact(entry) for name, entry in (manifest.get(group) or {}).items()
+        }
     return out
 
 

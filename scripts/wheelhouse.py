@@ -590,6 +590,44 @@ def plan_chunks(sizes: dict[str, int], limit_bytes: int) -> list[list[str]]:
     return [sorted(chunk) for chunk in chunks]
 
 
+# What the speed pipeline trains with before SGLang is installed (scripts/gpu_node.sh
+# speed-start): transformers/tokenizers pinned like SGLang's, speculators and what it imports.
+TRAINING_FIRST = (
+    "transformers", "tokenizers", "speculators", "datasets", "hs-connectors", "multiprocess",
+    "pydantic-settings", "python-dotenv", "pydantic", "pydantic-core", "annotated-types",
+    "typing-inspection", "loguru", "dill",
+)
+
+
+def plan_chunks_first(
+    sizes: dict[str, int], first: Sequence[str], limit_bytes: int
+) -> list[list[str]]:
+    """Like ``plan_chunks``, but the wheels of the distributions in ``first`` all go into chunk
+    1 (so one carry can start work that needs only them); the rest fill the room left."""
+    wanted = {canonicalize_name(n) for n in first}
+    head = [n for n in sizes if canonicalize_name(parse_wheel_filename(n)[0]) in wanted]
+    missing = wanted - {canonicalize_name(parse_wheel_filename(n)[0]) for n in head}
+    if missing:
+        raise WheelhouseError(f"no wheel for {', '.join(sorted(missing))} in the folder")
+    used = sum(sizes[n] for n in head)
+    if used > limit_bytes:
+        raise WheelhouseError(
+            f"the first chunk's wheels take {used / MB:.1f} MB, over {limit_bytes / MB:.0f} MB"
+        )
+    chunks, room = [list(head)], [limit_bytes - used]
+    for rest in plan_chunks({n: s for n, s in sizes.items() if n not in head}, limit_bytes):
+        for name in sorted(rest, key=lambda n: (-sizes[n], n)):
+            for i, free in enumerate(room):
+                if sizes[name] <= free:
+                    chunks[i].append(name)
+                    room[i] -= sizes[name]
+                    break
+            else:
+                chunks.append([name])
+                room.append(limit_bytes - sizes[name])
+    return [sorted(chunk) for chunk in chunks]
+
+
 def sha256_file(path: Path) -> str:
     """Hex sha256 of a file, read in blocks."""
     h = hashlib.sha256()
@@ -972,8 +1010,33 @@ def cmd_diff(args) -> int:
     return 1 if lines else 0
 
 
+def cmd_split(args) -> int:
+    """``split``: re-pack the wheels of a folder (flat or chunked) into ``s1/ s2/ ...`` with
+    the ``--first`` distributions in ``s1`` (hard links where possible)."""
+    folder = Path(args.folder)
+    wheels = {p.name: p for p in [*folder.glob("*.whl"), *sorted(folder.glob("c*/*.whl"))]}
+    first = args.first.split(",") if args.first else list(TRAINING_FIRST)
+    chunks = plan_chunks_first(
+        {n: p.stat().st_size for n, p in wheels.items()}, first, args.chunk_mb * MB
+    )
+    for old in folder.iterdir():
+        if old.is_dir() and re.fullmatch(r"s\d+", old.name):
+            shutil.rmtree(old)
+    for index, chunk in enumerate(chunks, start=1):
+        out = folder / f"s{index}"
+        out.mkdir()
+        for name in chunk:
+            try:
+                (out / name).hardlink_to(wheels[name])
+            except OSError:
+                shutil.copy2(wheels[name], out / name)
+        size = sum(wheels[n].stat().st_size for n in chunk)
+        print(f"{out.name}: {len(chunk)} wheels, {size / MB:.1f} MB")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """Command line: ``build``, ``verify``, ``diff``."""
+    """Command line: ``build``, ``verify``, ``diff``, ``split``."""
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -1016,6 +1079,12 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--lock", required=True)
     d.add_argument("list")
     d.set_defaults(func=cmd_diff)
+
+    s = sub.add_parser("split", help="re-pack into s1/ s2/ ... with some distributions first")
+    s.add_argument("folder", help="a build's output (chunked c1/ c2/ ... or flat)")
+    s.add_argument("--first", help="comma-separated distributions for s1 (default: training)")
+    s.add_argument("--chunk-mb", type=int, default=60)
+    s.set_defaults(func=cmd_split)
     return parser
 
 

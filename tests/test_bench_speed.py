@@ -378,3 +378,52 @@ def test_launch_server_spec_and_attention_backend():
     default = Server("s", "m", 1).command()
     assert default[default.index("--attention-backend") + 1] == "triton"
     assert "--speculative-algorithm" not in default
+
+
+def test_speed_fixture_manifest_is_summarized_per_stage():
+    manifest = {
+        "schema_version": 1,
+        "stages": {
+            "widen-target": {"function_check": {"big_vs_small": {"top1_agreement": 0.98}}},
+            "drafter-nbr-true": {
+                "small_drafter_nbr-true": {
+                    "train": {"history": [{"loss": 9.0}, {"loss": 3.25}], "ttt_steps": 5},
+                    "reference": {"tau": 3.2, "per_prompt": [{"tau": 1}]},
+                }
+            },
+        },
+    }
+    out = bs.summarize_fixtures(manifest, "m.json")
+    assert out["path"] == "m.json"
+    assert out["stages"]["widen-target"]["function_check"]["big_vs_small"] == {
+        "top1_agreement": 0.98
+    }
+    drafter = out["stages"]["drafter-nbr-true"]["small_drafter_nbr-true"]
+    assert drafter["train"] == {"final_loss": 3.25, "ttt_steps": 5}
+    assert drafter["reference"] == {"tau": 3.2}
+
+
+RESULTS = Path(__file__).resolve().parent / "gpu" / "results"
+ROW_KEYS = {"batch", "steps", "topk", "draft_tokens", "nospec_tok_s", "spec_tok_s", "tau",
+            "speedup", "eta", "plugin_vs_stock"}
+
+
+@pytest.mark.parametrize("path", sorted(RESULTS.glob("speed-20*-*.json")), ids=lambda p: p.name)
+def test_committed_speed_results_are_self_consistent(path):
+    """The committed GPU results carry the issue's keys, and every derived figure follows
+    from the raw measurements in the same file (nothing edited by hand)."""
+    data = json.loads(path.read_text())
+    assert {"date", "gpu", "sglang_version", "rows", "measurements", "command"} <= set(data)
+    assert data["gpu"] and data["sglang_version"] and data["rows"]
+    recomputed = bs.aggregate(data["measurements"])
+    for row in data["rows"]:
+        assert ROW_KEYS <= set(row)
+        assert row["speedup"] == pytest.approx(row["spec_tok_s"] / row["nospec_tok_s"], rel=1e-3)
+        assert row["eta"] == pytest.approx(row["speedup"] / row["tau"], rel=1e-3)
+    spec_rows = [r for r in data["rows"] if r["drafter"] == "speculators (plugin)"]
+    for row in spec_rows:
+        name = f"spec-{row['steps']}-{row['topk']}-{row['draft_tokens']}"
+        assert recomputed[(name, row["batch"])]["tok_s"] == pytest.approx(row["spec_tok_s"], 1e-3)
+        assert recomputed[("nospec", row["batch"])]["tok_s"] == pytest.approx(
+            row["nospec_tok_s"], 1e-3
+        )

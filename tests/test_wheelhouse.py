@@ -521,3 +521,23 @@ def test_committed_lock_matches_profile_and_parses():
     kernel = next(e for e in lock.entries if e.filename.startswith("sglang_kernel-"))
     assert kernel.upstream_sha256 and kernel.size < 30 * wh.MB
     assert sum(e.size for e in lock.entries) < 200 * wh.MB
+
+
+def test_split_puts_the_first_distributions_in_chunk_one():
+    sizes = {
+        "transformers-5.12.1-py3-none-any.whl": 12,
+        "speculators-0.9.0-py3-none-any.whl": 1,
+        "flashinfer_python-0.6.15-py3-none-any.whl": 50,
+        "sglang-0.5.17-py3-none-any.whl": 40,
+        "orjson-3.1-py3-none-any.whl": 5,
+    }
+    chunks = wh.plan_chunks_first(sizes, ["transformers", "speculators"], 60)
+    assert {"transformers-5.12.1-py3-none-any.whl", "speculators-0.9.0-py3-none-any.whl"} <= set(
+        chunks[0]
+    )
+    assert sorted(n for c in chunks for n in c) == sorted(sizes)
+    assert all(sum(sizes[n] for n in c) <= 60 for c in chunks)
+    with pytest.raises(wh.WheelhouseError, match="no wheel for datasets"):
+        wh.plan_chunks_first(sizes, ["datasets"], 60)
+    with pytest.raises(wh.WheelhouseError, match="first chunk's wheels take"):
+        wh.plan_chunks_first(sizes, ["flashinfer-python", "transformers"], 60)
