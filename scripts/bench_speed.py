@@ -43,6 +43,7 @@ except ImportError:  # run from a checkout without the package installed
     import sglang_ext
 from sglang_ext.bench import BenchError, RequestResult, RequestSpec, load_prompts, run_benchmark
 from sglang_ext.launch import DEFAULT_SPEC, STOCK_ENV, Server, start_all
+from sglang_ext.trace_breakdown import breakdown, load_trace, newest_trace
 
 SCHEMA_VERSION = 1
 MAIN = "speculators (plugin)"
@@ -518,6 +519,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-png")
     p.add_argument("--fixtures-json", help="fixtures manifest to embed a summary of")
     p.add_argument("--dry-run", action="store_true", help="print servers and plan, start nothing")
+    p.add_argument("--profile", action="store_true",
+                   help="after the rounds, profile one batch-1 request per server (torch "
+                        "profiler via /start_profile) and add a per-cycle time breakdown")
+    p.add_argument("--profile-steps", type=_positive_int, default=40)
+    p.add_argument("--profile-dir", help="trace folder (default: LOG_DIR/profiles)")
     return p
 
 
@@ -544,6 +550,34 @@ def _run(server: Server, prompts: Sequence[Any], concurrency: int, max_new_token
     spec = RequestSpec(api="generate", url=server.url, max_new_tokens=max_new_tokens,
                        temperature=0.0, ignore_eos=True, stream=True)
     return run_benchmark(spec, prompts, concurrency, warmup=0, progress=False)
+
+
+def profile_server(server: Server, prompt: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """One batch-1 request under SGLang's torch profiler (POST /start_profile, stopping by
+    itself after --profile-steps scheduler steps); the per-cycle breakdown of its trace."""
+    import urllib.request
+
+    out_dir = Path(args.profile_dir or Path(args.log_dir) / "profiles") / server.name
+    out_dir.mkdir(parents=True, exist_ok=True)
+    body = {"output_dir": str(out_dir), "num_steps": args.profile_steps,
+            "activities": ["CPU", "GPU"], "profile_prefix": server.name}
+    request = urllib.request.Request(server.url + "/start_profile", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as resp:
+        resp.read()
+    results, wall = _run(server, [prompt], 1, args.max_new_tokens)
+    deadline = time.time() + 120
+    while True:  # the trace is written after the last profiled step, asynchronously
+        try:
+            path = newest_trace(out_dir)
+            time.sleep(2)  # let the writer finish the file
+            out = breakdown(load_trace(path))
+            break
+        except (FileNotFoundError, EOFError, OSError, ValueError) as exc:
+            if time.time() > deadline:
+                return {"error": f"{type(exc).__name__}: {exc}", "dir": str(out_dir)}
+            time.sleep(2)
+    return {**out, "trace": str(path), "request": summarize_measurement(results, wall)}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -573,7 +607,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
     date = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-    started, measurements, aborted = time.time(), [], None
+    started, measurements, aborted, profiles = time.time(), [], None, {}
     by_name = {s.name: s for s in servers}
     try:
         start_all(servers, args.startup_timeout)
@@ -597,6 +631,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                       f"{m['tok_s']} tok/s tau={m['tau']} errors={m['errors']}",
                       file=sys.stderr)
             measurements.append(m)
+        if args.profile:
+            for s in servers:
+                if s.status == "ready" and s.alive():
+                    profiles[s.name] = profile_server(s, prompts[0], args)
+                    print(f"profile {s.name}: {json.dumps(profiles[s.name].get('per_cycle_ms'))}",
+                          file=sys.stderr)
     except (Exception, KeyboardInterrupt) as exc:
         aborted = f"{type(exc).__name__}: {exc}"
         print(f"aborted: {aborted} (writing partial results)", file=sys.stderr)
@@ -631,6 +671,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "wall_s": round(time.time() - started, 1), "aborted": aborted,
     }
     result = build_result(meta, server_records, measurements, specs, args.compare, fixtures)
+    if args.profile:
+        result["profiles"] = profiles
     out_json = Path(args.out_json or Path(args.log_dir) / "bench_speed.json")
     out_json.parent.mkdir(parents=True, exist_ok=True)
     out_json.write_text(json.dumps(result, indent=2) + "\n")

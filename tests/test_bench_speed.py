@@ -427,3 +427,47 @@ def test_committed_speed_results_are_self_consistent(path):
         assert recomputed[("nospec", row["batch"])]["tok_s"] == pytest.approx(
             row["nospec_tok_s"], 1e-3
         )
+
+
+def test_profile_server_asks_sglang_to_profile_and_reads_its_trace(tmp_path, monkeypatch):
+    """A local HTTP endpoint stands in for SGLang's /start_profile: it records the request
+    body and writes a trace where SGLang would; the breakdown of that trace comes back."""
+    import gzip
+    import http.server
+    import threading
+
+    from test_trace_breakdown import _trace
+
+    received = {}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's naming
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            received.update(path=self.path, body=body)
+            out = Path(body["output_dir"]) / f"{body['profile_prefix']}-TP-0.trace.json.gz"
+            with gzip.open(out, "wt") as fh:
+                json.dump(_trace(cycles=3), fh)
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"Start profiling.\n")
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        server = Server("spec-5-1-6", "/t", httpd.server_address[1])
+        monkeypatch.setattr(bs, "_run", lambda *a: ([], 1.0))
+        monkeypatch.setattr(bs.time, "sleep", lambda s: None)
+        args = bs.parse_args(["--target", "t", "--drafter", "d", "--prompts", "p",
+                              "--log-dir", str(tmp_path), "--profile", "--profile-steps", "7"])
+        out = bs.profile_server(server, object(), args)
+    finally:
+        httpd.shutdown()
+    assert received["path"] == "/start_profile"
+    assert received["body"]["num_steps"] == 7
+    assert received["body"]["activities"] == ["CPU", "GPU"]
+    assert out["target_graph_launches"] == 3
+    assert out["per_cycle_ms"]["target_graph_kernels"] == pytest.approx(4.0)
+    assert out["trace"].endswith("spec-5-1-6-TP-0.trace.json.gz")

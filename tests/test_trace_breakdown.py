@@ -1,0 +1,80 @@
+"""sglang_ext.trace_breakdown on a synthetic torch-profiler trace of known composition."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from sglang_ext.trace_breakdown import breakdown, load_trace, newest_trace
+
+
+def _trace(cycles: int = 2, gap_us: float = 500.0) -> dict:
+    """Per cycle: drafter decode graph (5 x 20 us), target verify graph (40 x 100 us),
+    drafter extend graph (6 x 30 us), one kernel outside any graph (50 us); `gap_us` of idle
+    GPU after each of the four."""
+    events, t, corr = [], 0.0, 0
+
+    def graph(n: int, dur: float) -> None:
+        nonlocal t, corr
+        corr += 1
+        events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch_v10000",
+                       "ts": t, "dur": 5, "args": {"correlation": corr}})
+        for _ in range(n):
+            events.append({"ph": "X", "cat": "kernel", "name": "k", "ts": t, "dur": dur,
+                           "args": {"correlation": corr}})
+            t += dur
+        t += gap_us
+
+    for _ in range(cycles):
+        graph(5, 20.0)
+        graph(40, 100.0)
+        graph(6, 30.0)
+        corr += 1
+        events.append({"ph": "X", "cat": "kernel", "name": "argmax", "ts": t, "dur": 50.0,
+                       "args": {"correlation": corr}})
+        t += 50.0 + gap_us
+        events.append({"ph": "X", "cat": "python_function", "name": "scheduler", "ts": 0,
+                       "dur": t})
+    return {"traceEvents": events}
+
+
+def test_cycle_splits_into_target_drafter_other_and_idle():
+    out = breakdown(_trace(cycles=2))
+    assert out["target_graph_launches"] == 2 and out["drafter_graph_launches"] == 4
+    assert out["kernels_per_target_graph"] == 40.0
+    per = out["per_cycle_ms"]
+    assert per["target_graph_kernels"] == pytest.approx(4.0)
+    assert per["drafter_graph_kernels"] == pytest.approx(0.28)
+    assert per["other_kernels"] == pytest.approx(0.05)
+    # window ends with the last kernel: 4 gaps per cycle, minus the trailing one
+    assert per["gpu_idle"] == pytest.approx((8 * 500 - 500) / 2 / 1000)
+    assert per["total"] == pytest.approx(
+        per["target_graph_kernels"] + per["drafter_graph_kernels"] + per["other_kernels"]
+        + per["gpu_idle"]
+    )
+    assert out["drafter_graphs_per_cycle"] == 2.0
+    assert 0 < out["gpu_busy_fraction"] < 1
+
+
+def test_idle_time_tracks_the_host_gaps():
+    busy = breakdown(_trace(gap_us=0.0))
+    assert busy["per_cycle_ms"]["gpu_idle"] == pytest.approx(0.0)
+    assert busy["gpu_busy_fraction"] == pytest.approx(1.0)
+
+
+def test_trace_without_kernels_is_an_error():
+    with pytest.raises(ValueError, match="no GPU kernels"):
+        breakdown({"traceEvents": [{"ph": "X", "cat": "cpu_op", "ts": 0, "dur": 1}]})
+
+
+def test_gzipped_trace_is_found_and_read(tmp_path):
+    path = tmp_path / "spec" / "x-TP-0.trace.json.gz"
+    path.parent.mkdir()
+    with gzip.open(path, "wt") as fh:
+        json.dump(_trace(cycles=1), fh)
+    assert newest_trace(tmp_path) == path
+    assert breakdown(load_trace(path))["target_graph_launches"] == 1
+    with pytest.raises(FileNotFoundError, match="no torch-profiler trace"):
+        newest_trace(tmp_path / "spec" / "none")
