@@ -86,6 +86,34 @@ speed-pipeline)
         touch "$SPEED/FAILED"
     fi
     ;;
+dummy-profile-start)
+    # Stock SGLang, dummy 8B-shaped weights, tau ~ 1: where a verify cycle's time goes.
+    mkdir -p "$WH" && cp .wh/s1/*.whl "$WH"/
+    rm -rf /tmp/repo && mkdir /tmp/repo && cp -r scripts sglang_ext /tmp/repo/
+    setsid nohup bash /tmp/repo/scripts/gpu_node.sh dummy-profile >/tmp/dummy.log 2>&1 \
+        </dev/null &
+    ;;
+dummy-profile)
+    cd /tmp/repo
+    while [ ! -f "$INSTALLED" ]; do sleep 2; done
+    python3 scripts/make_dummy_8b.py /tmp/dummy
+    SGLANG_PLUGINS=__no_plugin__ timeout -s INT 400 python3 scripts/bench_speed.py \
+        --target /tmp/dummy/target --drafter /tmp/dummy/drafter \
+        --prompts /tmp/dummy/prompts.jsonl --settings 5,1,6 --batches 1 --rounds 1 \
+        --max-new-tokens 128 --mem-fraction 0.95 --max-total-tokens 8192 \
+        --server-args "--load-format dummy" --startup-timeout 200 --profile \
+        --log-dir /tmp/dummy/logs --profile-dir /tmp/dummy/profiles \
+        --out-json /tmp/dummy/speed-dummy.json || true
+    touch /tmp/dummy/DONE
+    ;;
+dummy-profile-wait)
+    for _ in $(seq "${1:-300}"); do [ -f /tmp/dummy/DONE ] && break; sleep 1; done
+    tail -n 30 /tmp/dummy.log
+    cp /tmp/dummy/speed-dummy.json "$OUT"/ 2>/dev/null || true
+    find /tmp/dummy/profiles -name '*.trace.json.gz' -size -15M -exec cp {} "$OUT"/ \; 2>/dev/null
+    tar -czf "$OUT/dummy-logs.tgz" -C /tmp/dummy/logs . 2>/dev/null || true
+    [ -f /tmp/dummy/DONE ]
+    ;;
 speed-wait)
     limit=${1:-540}
     for _ in $(seq "$limit"); do
