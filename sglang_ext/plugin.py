@@ -10,7 +10,9 @@ models, the detokenizer). It registers:
 - an AROUND hook on ``configure_aux_hidden_state_capture`` that asks the target for the layers
   the drafter was trained on (converting speculators' aux-id convention for the target's
   class) and verifies what it captures, before serving;
-- the acceptance metrics hooks (``sglang_ext.metrics``).
+- the acceptance metrics hooks (``sglang_ext.metrics``);
+- opt-in (``SGLANG_EXT_SPLITKV_VERIFY=1``): SGLang's split-KV verify attention on CUDA
+  (``sglang_ext.verify_splitkv``).
 
 ``load_plugins`` logs and swallows exceptions from plugins, which would silently leave SGLang
 on its in-tree classes. A failure here therefore raises ``SystemExit`` (not an ``Exception``),
@@ -58,7 +60,7 @@ def _register() -> list[str]:
     from sglang.srt.models.registry import ModelRegistry
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from sglang_ext import metrics
+    from sglang_ext import metrics, verify_splitkv
 
     ModelRegistry.register(MODELS_PACKAGE, overwrite=True, strict=True)
     targets = [config_hook_target(), CAPTURE_TARGET]
@@ -68,6 +70,7 @@ def _register() -> list[str]:
     HookRegistry.register(CAPTURE_TARGET, configure_capture_hook, HookType.AROUND)
     if os.environ.get("SGLANG_EXT_METRICS", "1") != "0":
         targets.extend(metrics.install())
+    targets.extend(verify_splitkv.install())
     return targets
 
 
