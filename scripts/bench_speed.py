@@ -98,11 +98,27 @@ def label(setting: Sequence[int] | None) -> str:
     return ",".join(map(str, setting)) if setting else "-"
 
 
-def server_specs(settings: Sequence[Setting], compare: Setting | None) -> list[dict[str, Any]]:
-    """The servers of one run, as plain data. `compare` None: no nbr-false servers."""
+def parse_variant(text: str) -> tuple[str, str, str]:
+    """``LABEL:KEY=VALUE``: one more plugin server with the main drafter and env KEY=VALUE."""
+    label, sep, assignment = text.partition(":")
+    key, eq, value = assignment.partition("=")
+    if not (sep and eq and label and key) or not label.replace("_", "").isalnum():
+        raise argparse.ArgumentTypeError(
+            f"variant {text!r}: expected LABEL:KEY=VALUE, e.g. splitkv:SGLANG_EXT_SPLITKV_VERIFY=1"
+        )
+    return label, key, value
 
-    def spec(name: str, role: str, setting: Setting | None, stock: bool = False) -> dict:
-        return {"name": name, "role": role, "setting": setting, "stock": stock}
+
+def server_specs(
+    settings: Sequence[Setting],
+    compare: Setting | None,
+    variants: Sequence[tuple[str, str, str]] = (),
+) -> list[dict[str, Any]]:
+    """The servers of one run, as plain data. `compare` None: no nbr-false servers. Each
+    variant runs the main drafter at the compare setting (else the first) with its env."""
+
+    def spec(name: str, role: str, setting: Setting | None, stock: bool = False, **kw) -> dict:
+        return {"name": name, "role": role, "setting": setting, "stock": stock, **kw}
 
     specs = [spec("nospec", "nospec", None, stock=True)]
     specs += [spec("spec-" + "-".join(map(str, s)), "spec", s) for s in settings]
@@ -110,15 +126,20 @@ def server_specs(settings: Sequence[Setting], compare: Setting | None) -> list[d
         tag = "-".join(map(str, compare))
         specs.append(spec(f"nbrfalse-plugin-{tag}", "nbr_plugin", compare))
         specs.append(spec(f"nbrfalse-stock-{tag}", "nbr_stock", compare, stock=True))
+    at = compare if compare is not None else settings[0]
+    for label, key, value in variants:
+        specs.append(spec(f"spec-{'-'.join(map(str, at))}-{label}", "variant", at,
+                          label=label, env={key: value}))
     return specs
 
 
 def make_servers(specs: Sequence[Mapping[str, Any]], args: argparse.Namespace) -> list[Server]:
     drafts = {"nospec": None, "spec": args.drafter, "nbr_plugin": args.drafter_nbr_false,
-              "nbr_stock": args.drafter_nbr_false_sglang}
+              "nbr_stock": args.drafter_nbr_false_sglang, "variant": args.drafter}
     return [
         Server(spec["name"], args.target, args.port_base + k, drafts[spec["role"]],
-               env=dict(STOCK_ENV) if spec["stock"] else {}, mem_fraction=args.mem_fraction,
+               env=dict(STOCK_ENV) if spec["stock"] else dict(spec.get("env") or {}),
+               mem_fraction=args.mem_fraction,
                max_bs=max(args.batches), log_dir=Path(args.log_dir),
                spec=tuple(spec["setting"] or DEFAULT_SPEC),
                attention_backend=args.attention_backend, extra=server_extra_args(args))
@@ -275,7 +296,8 @@ def build_rows(
             run, base = run or {}, base or {}
             rows.append({
                 "batch": b, "steps": steps, "topk": topk, "draft_tokens": draft,
-                "drafter": drafter_of[spec["role"]], "server": spec["name"],
+                "drafter": drafter_of.get(spec["role"]) or f"{MAIN} [{spec.get('label')}]",
+                "server": spec["name"],
                 "nospec_tok_s": _r(tok("nospec", b), 2), "spec_tok_s": _r(tok(spec["name"], b), 2),
                 "spec_tok_s_min": _r(run.get("tok_s_min"), 2),
                 "spec_tok_s_max": _r(run.get("tok_s_max"), 2),
@@ -508,6 +530,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=_positive_int, default=3)
     p.add_argument("--requests-per-batch", type=_positive_int, default=2, metavar="WAVES")
     p.add_argument("--mem-fraction", type=float, default=0.13)
+    p.add_argument("--variant", action="append", type=parse_variant, default=[],
+                   metavar="LABEL:KEY=VALUE",
+                   help="one more plugin server (main drafter, compare setting) with an env "
+                        "var, e.g. splitkv:SGLANG_EXT_SPLITKV_VERIFY=1; repeatable")
     p.add_argument("--max-total-tokens", type=_positive_int,
                    help="fixed KV pool size per server (tokens)")
     p.add_argument("--server-args", default="", help="extra flags for every server (one string)")
@@ -591,7 +617,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {source}: every line needs input_ids (servers skip the tokenizer)",
               file=sys.stderr)
         return 2
-    specs = server_specs(args.settings, args.compare)
+    specs = server_specs(args.settings, args.compare, args.variant)
     servers = make_servers(specs, args)
     plan = build_plan([s.name for s in servers], args.batches, args.rounds,
                       args.requests_per_batch, len(prompts))

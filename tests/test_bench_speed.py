@@ -4,6 +4,7 @@ server is started here; the GPU run is scripts/bench_speed.py on the node."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import sys
@@ -471,3 +472,25 @@ def test_profile_server_asks_sglang_to_profile_and_reads_its_trace(tmp_path, mon
     assert out["target_graph_launches"] == 3
     assert out["per_cycle_ms"]["target_graph_kernels"] == pytest.approx(4.0)
     assert out["trace"].endswith("spec-5-1-6-TP-0.trace.json.gz")
+
+
+def test_variant_server_runs_the_main_drafter_with_its_env(capsys):
+    assert bs.parse_variant("splitkv:SGLANG_EXT_SPLITKV_VERIFY=1") == (
+        "splitkv", "SGLANG_EXT_SPLITKV_VERIFY", "1"
+    )
+    with pytest.raises(argparse.ArgumentTypeError, match="LABEL:KEY=VALUE"):
+        bs.parse_variant("SGLANG_EXT_SPLITKV_VERIFY=1")
+    specs = bs.server_specs([(3, 1, 4), (5, 1, 6)], (5, 1, 6),
+                            [("splitkv", "SGLANG_EXT_SPLITKV_VERIFY", "1")])
+    variant = specs[-1]
+    assert variant["name"] == "spec-5-1-6-splitkv" and variant["setting"] == (5, 1, 6)
+    args = bs.parse_args(["--target", "t", "--drafter", "d", "--prompts", "p",
+                          "--variant", "splitkv:SGLANG_EXT_SPLITKV_VERIFY=1"])
+    servers = bs.make_servers(specs, args)
+    assert servers[-1].draft == "d"
+    assert servers[-1].env == {"SGLANG_EXT_SPLITKV_VERIFY": "1"}
+    agg = {("nospec", 1): {"tok_s": 200.0}, ("spec-5-1-6-splitkv", 1): {"tok_s": 500.0,
+                                                                        "tau": 3.0}}
+    rows = [r for r in bs.build_rows(agg, specs, [1]) if r["server"] == "spec-5-1-6-splitkv"]
+    assert rows[0]["drafter"] == "speculators (plugin) [splitkv]"
+    assert rows[0]["speedup"] == 2.5 and rows[0]["eta"] == pytest.approx(0.8333, 1e-3)
