@@ -105,3 +105,76 @@ def newest_trace(directory: str | Path, patterns: Sequence[str] = ("*.trace.json
     if not found:
         raise FileNotFoundError(f"no torch-profiler trace under {directory}")
     return max(found, key=lambda p: p.stat().st_mtime)
+
+
+def top_kernels(trace: Mapping[str, Any], n: int = 6) -> dict[str, list[dict[str, Any]]]:
+    """The costliest kernels per cycle (µs) in the target graphs and in the drafter graphs."""
+    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
+    launches = {
+        (e.get("args") or {}).get("correlation")
+        for e in events
+        if e.get("cat") == "cuda_runtime" and str(e.get("name", "")).startswith(GRAPH_LAUNCH)
+    }
+    groups: dict[Any, list[Mapping[str, Any]]] = {}
+    for e in events:
+        corr = (e.get("args") or {}).get("correlation")
+        if e.get("cat") in KERNEL_CATEGORIES and corr in launches:
+            groups.setdefault(corr, []).append(e)
+    largest = max((len(g) for g in groups.values()), default=0)
+    totals: dict[str, dict[str, float]] = {"target_graph": {}, "drafter_graph": {}}
+    cycles = 0
+    for group in groups.values():
+        big = len(group) >= TARGET_GRAPH_FRACTION * largest
+        cycles += big
+        bucket = totals["target_graph" if big else "drafter_graph"]
+        for k in group:
+            bucket[k["name"]] = bucket.get(k["name"], 0.0) + k.get("dur", 0)
+    return {
+        cls: [
+            {"kernel": name[:80], "us_per_cycle": round(us / max(cycles, 1), 1)}
+            for name, us in sorted(bucket.items(), key=lambda kv: -kv[1])[:n]
+        ]
+        for cls, bucket in totals.items()
+    }
+
+
+def summarize(paths: Sequence[str | Path], **meta: Any) -> dict[str, Any]:
+    """Breakdown, top kernels and provenance (file, sha256, device) for each trace."""
+    import hashlib
+
+    out: dict[str, Any] = {"schema_version": 1, **meta, "traces": {}}
+    for path in map(Path, paths):
+        trace = load_trace(path)
+        props = (trace.get("deviceProperties") or [{}])[0]
+        out["traces"][path.name] = {
+            "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+            "bytes": path.stat().st_size,
+            "device": {k: props.get(k) for k in ("name", "totalGlobalMem", "numSms")},
+            "cuda_driver_api_version": trace.get("cuda_driver_version"),
+            "cuda_runtime_version": trace.get("cuda_runtime_version"),
+            "breakdown": breakdown(trace),
+            "top_kernels": top_kernels(trace),
+        }
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="per-cycle time split of SGLang traces")
+    parser.add_argument("traces", nargs="+")
+    parser.add_argument("--out", help="write the summary JSON here (else stdout)")
+    parser.add_argument("--meta", action="append", default=[], metavar="KEY=VALUE",
+                        help="provenance to record (date, command, versions...)")
+    args = parser.parse_args(argv)
+    meta = dict(item.split("=", 1) for item in args.meta)
+    text = json.dumps(summarize(args.traces, **meta), indent=2) + "\n"
+    if args.out:
+        Path(args.out).write_text(text)
+    else:
+        print(text, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -78,3 +78,22 @@ def test_gzipped_trace_is_found_and_read(tmp_path):
     assert breakdown(load_trace(path))["target_graph_launches"] == 1
     with pytest.raises(FileNotFoundError, match="no torch-profiler trace"):
         newest_trace(tmp_path / "spec" / "none")
+
+
+def test_summary_names_the_costliest_kernels_per_cycle(tmp_path):
+    from sglang_ext.trace_breakdown import main
+
+    path = tmp_path / "spec-TP-0.trace.json.gz"
+    trace = _trace(cycles=2)
+    trace["deviceProperties"] = [{"name": "FakeGPU", "numSms": 7}]
+    with gzip.open(path, "wt") as fh:
+        json.dump(trace, fh)
+    out = tmp_path / "summary.json"
+    assert main([str(path), "--out", str(out), "--meta", "command=x y"]) == 0
+    summary = json.loads(out.read_text())
+    assert summary["command"] == "x y"
+    entry = summary["traces"][path.name]
+    assert entry["device"]["name"] == "FakeGPU" and len(entry["sha256"]) == 64
+    assert entry["top_kernels"]["target_graph"] == [{"kernel": "k", "us_per_cycle": 4000.0}]
+    assert entry["top_kernels"]["drafter_graph"] == [{"kernel": "k", "us_per_cycle": 280.0}]
+    assert entry["breakdown"]["target_graph_launches"] == 2
