@@ -564,11 +564,14 @@ def check_record(wheel: Path) -> list[str]:
 # --------------------------------------------------------------------------------------------
 
 
-def plan_chunks(sizes: dict[str, int], limit_bytes: int) -> list[list[str]]:
+def plan_chunks(
+    sizes: dict[str, int], limit_bytes: int, first: Sequence[str] = ()
+) -> list[list[str]]:
     """Pack wheels into as few chunks as first-fit-decreasing finds, each <= ``limit_bytes``.
 
     A wheel that alone exceeds the limit cannot be carried at all, so that is an error naming it
-    (strip it, or raise ``--chunk-mb``).  Order is deterministic (size, then name).
+    (strip it, or raise ``--chunk-mb``).  Order is deterministic (size, then name).  The wheels
+    named in ``first`` (file names) all start chunk 1; the rest fill the room left.
     """
     oversize = [f"{n} ({s / MB:.1f} MB)" for n, s in sizes.items() if s > limit_bytes]
     if oversize:
@@ -576,9 +579,14 @@ def plan_chunks(sizes: dict[str, int], limit_bytes: int) -> list[list[str]]:
             f"wheel larger than the chunk limit of {limit_bytes / MB:.0f} MB: "
             + ", ".join(sorted(oversize))
         )
-    chunks: list[list[str]] = []
-    room: list[int] = []
-    for name in sorted(sizes, key=lambda n: (-sizes[n], n)):
+    used = sum(sizes[n] for n in first)
+    if used > limit_bytes:
+        raise WheelhouseError(
+            f"the first chunk's wheels take {used / MB:.1f} MB, over {limit_bytes / MB:.0f} MB"
+        )
+    chunks: list[list[str]] = [list(first)] if first else []
+    room: list[int] = [limit_bytes - used] if first else []
+    for name in sorted(set(sizes) - set(first), key=lambda n: (-sizes[n], n)):
         for i, free in enumerate(room):
             if sizes[name] <= free:
                 chunks[i].append(name)
@@ -602,30 +610,14 @@ TRAINING_FIRST = (
 def plan_chunks_first(
     sizes: dict[str, int], first: Sequence[str], limit_bytes: int
 ) -> list[list[str]]:
-    """Like ``plan_chunks``, but the wheels of the distributions in ``first`` all go into chunk
-    1 (so one carry can start work that needs only them); the rest fill the room left."""
+    """``plan_chunks`` with the wheels of the distributions in ``first`` all in chunk 1 (so
+    one carry can start work that needs only them)."""
     wanted = {canonicalize_name(n) for n in first}
     head = [n for n in sizes if canonicalize_name(parse_wheel_filename(n)[0]) in wanted]
     missing = wanted - {canonicalize_name(parse_wheel_filename(n)[0]) for n in head}
     if missing:
         raise WheelhouseError(f"no wheel for {', '.join(sorted(missing))} in the folder")
-    used = sum(sizes[n] for n in head)
-    if used > limit_bytes:
-        raise WheelhouseError(
-            f"the first chunk's wheels take {used / MB:.1f} MB, over {limit_bytes / MB:.0f} MB"
-        )
-    chunks, room = [list(head)], [limit_bytes - used]
-    for rest in plan_chunks({n: s for n, s in sizes.items() if n not in head}, limit_bytes):
-        for name in sorted(rest, key=lambda n: (-sizes[n], n)):
-            for i, free in enumerate(room):
-                if sizes[name] <= free:
-                    chunks[i].append(name)
-                    room[i] -= sizes[name]
-                    break
-            else:
-                chunks.append([name])
-                room.append(limit_bytes - sizes[name])
-    return [sorted(chunk) for chunk in chunks]
+    return plan_chunks(sizes, limit_bytes, first=head)
 
 
 def sha256_file(path: Path) -> str:
