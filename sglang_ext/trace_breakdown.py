@@ -46,8 +46,9 @@ def _union_us(intervals: Iterable[tuple[float, float]]) -> float:
     return total
 
 
-def breakdown(trace: Mapping[str, Any]) -> dict[str, Any]:
-    """Per-cycle milliseconds: target graphs, drafter graphs, other kernels, GPU idle."""
+def _kernels_by_graph(trace: Mapping[str, Any]):
+    """(all kernels, target-graph groups, drafter-graph groups, kernels outside any graph);
+    a group is the kernels of one ``cudaGraphLaunch``, in launch order."""
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
     kernels = [e for e in events if e.get("cat") in KERNEL_CATEGORIES]
     if not kernels:
@@ -63,21 +64,25 @@ def breakdown(trace: Mapping[str, Any]) -> dict[str, Any]:
     for k in kernels:
         corr = (k.get("args") or {}).get("correlation")
         (groups.setdefault(corr, []) if corr in launches else loose).append(k)
-    window_start = min(k["ts"] for k in kernels)
-    window_end = max(k["ts"] + k.get("dur", 0) for k in kernels)
-    window = window_end - window_start
-    busy = _union_us((k["ts"], k["ts"] + k.get("dur", 0)) for k in kernels)
-
     largest = max((len(g) for g in groups.values()), default=0)
     target, drafter = [], []
     for corr in sorted(groups, key=lambda c: launches[c]["ts"]):
         group = groups[corr]
-        span = (
-            max(k["ts"] + k.get("dur", 0) for k in group) - min(k["ts"] for k in group)
-        )
-        record = (len(group), sum(k.get("dur", 0) for k in group), span)
-        big = largest and len(group) >= TARGET_GRAPH_FRACTION * largest
-        (target if big else drafter).append(record)
+        (target if len(group) >= TARGET_GRAPH_FRACTION * largest else drafter).append(group)
+    return kernels, target, drafter, loose
+
+
+def _gpu_us(kernels: Iterable[Mapping[str, Any]]) -> float:
+    return sum(k.get("dur", 0) for k in kernels)
+
+
+def breakdown(trace: Mapping[str, Any]) -> dict[str, Any]:
+    """Per-cycle milliseconds: target graphs, drafter graphs, other kernels, GPU idle."""
+    kernels, target, drafter, loose = _kernels_by_graph(trace)
+    window_start = min(k["ts"] for k in kernels)
+    window_end = max(k["ts"] + k.get("dur", 0) for k in kernels)
+    window = window_end - window_start
+    busy = _union_us((k["ts"], k["ts"] + k.get("dur", 0)) for k in kernels)
     cycles = len(target)
 
     def per_cycle(us: float) -> float | None:
@@ -88,12 +93,14 @@ def breakdown(trace: Mapping[str, Any]) -> dict[str, Any]:
         "gpu_busy_fraction": round(busy / window, 4) if window else None,
         "target_graph_launches": cycles,
         "drafter_graph_launches": len(drafter),
-        "kernels_per_target_graph": round(sum(r[0] for r in target) / cycles, 1) if cycles else 0,
+        "kernels_per_target_graph": (
+            round(sum(len(g) for g in target) / cycles, 1) if cycles else 0
+        ),
         "per_cycle_ms": {
             "total": per_cycle(window),
-            "target_graph_kernels": per_cycle(sum(r[1] for r in target)),
-            "drafter_graph_kernels": per_cycle(sum(r[1] for r in drafter)),
-            "other_kernels": per_cycle(sum(k.get("dur", 0) for k in loose)),
+            "target_graph_kernels": per_cycle(sum(_gpu_us(g) for g in target)),
+            "drafter_graph_kernels": per_cycle(sum(_gpu_us(g) for g in drafter)),
+            "other_kernels": per_cycle(_gpu_us(loose)),
             "gpu_idle": per_cycle(window - busy),
         },
         "drafter_graphs_per_cycle": round(len(drafter) / cycles, 2) if cycles else None,
@@ -109,33 +116,18 @@ def newest_trace(directory: str | Path, patterns: Sequence[str] = ("*.trace.json
 
 def top_kernels(trace: Mapping[str, Any], n: int = 6) -> dict[str, list[dict[str, Any]]]:
     """The costliest kernels per cycle (µs) in the target graphs and in the drafter graphs."""
-    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
-    launches = {
-        (e.get("args") or {}).get("correlation")
-        for e in events
-        if e.get("cat") == "cuda_runtime" and str(e.get("name", "")).startswith(GRAPH_LAUNCH)
-    }
-    groups: dict[Any, list[Mapping[str, Any]]] = {}
-    for e in events:
-        corr = (e.get("args") or {}).get("correlation")
-        if e.get("cat") in KERNEL_CATEGORIES and corr in launches:
-            groups.setdefault(corr, []).append(e)
-    largest = max((len(g) for g in groups.values()), default=0)
-    totals: dict[str, dict[str, float]] = {"target_graph": {}, "drafter_graph": {}}
-    cycles = 0
-    for group in groups.values():
-        big = len(group) >= TARGET_GRAPH_FRACTION * largest
-        cycles += big
-        bucket = totals["target_graph" if big else "drafter_graph"]
-        for k in group:
+    _, target, drafter, _ = _kernels_by_graph(trace)
+    cycles = max(len(target), 1)
+    out = {}
+    for cls, groups in (("target_graph", target), ("drafter_graph", drafter)):
+        bucket: dict[str, float] = {}
+        for k in (k for g in groups for k in g):
             bucket[k["name"]] = bucket.get(k["name"], 0.0) + k.get("dur", 0)
-    return {
-        cls: [
-            {"kernel": name[:80], "us_per_cycle": round(us / max(cycles, 1), 1)}
+        out[cls] = [
+            {"kernel": name[:80], "us_per_cycle": round(us / cycles, 1)}
             for name, us in sorted(bucket.items(), key=lambda kv: -kv[1])[:n]
         ]
-        for cls, bucket in totals.items()
-    }
+    return out
 
 
 def summarize(paths: Sequence[str | Path], **meta: Any) -> dict[str, Any]:
