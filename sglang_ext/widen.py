@@ -225,19 +225,23 @@ def map_aux_ids(
 # --------------------------------------------------------------------------------------
 
 
-def widen_llama_config(small: Mapping, big: Shape, num_layers: int) -> dict:
-    """The big target's config.json: same vocabulary, RoPE and dtype; eps divided by r."""
+def widened_fields(small: Mapping, big: Shape) -> dict:
+    """The HF config fields that change when ``small`` is widened into ``big``: the shape,
+    and ``rms_norm_eps`` divided by r so every RMSNorm output stays the same."""
     ratio = big.hidden / int(small["hidden_size"])
-    cfg = dict(small)
-    cfg.update(
+    return dict(
         hidden_size=big.hidden,
         num_attention_heads=big.heads,
         num_key_value_heads=big.kv_heads,
         head_dim=big.head_dim,
         intermediate_size=big.intermediate,
-        num_hidden_layers=num_layers,
         rms_norm_eps=float(small["rms_norm_eps"]) / ratio,
     )
+
+
+def widen_llama_config(small: Mapping, big: Shape, num_layers: int) -> dict:
+    """The big target's config.json: same vocabulary, RoPE and dtype; eps divided by r."""
+    cfg = {**small, **widened_fields(small, big), "num_hidden_layers": num_layers}
     if "layer_types" in cfg:
         cfg["layer_types"] = ["full_attention"] * num_layers
     return cfg
@@ -327,15 +331,7 @@ def widen_drafter_config(
     """The big drafter's speculators config.json (transformer_layer_config widened)."""
     cfg = json.loads(json.dumps(small))
     layer = cfg["transformer_layer_config"]
-    ratio = big.hidden / int(layer["hidden_size"])
-    layer.update(
-        hidden_size=big.hidden,
-        num_attention_heads=big.heads,
-        num_key_value_heads=big.kv_heads,
-        head_dim=big.head_dim,
-        intermediate_size=big.intermediate,
-        rms_norm_eps=float(layer["rms_norm_eps"]) / ratio,
-    )
+    layer.update(widened_fields(layer, big))
     cfg["eagle_aux_hidden_state_layer_ids"] = list(aux_ids)
     verifier = cfg.setdefault("speculators_config", {}).setdefault("verifier", {})
     verifier["name_or_path"] = str(verifier_dir)
