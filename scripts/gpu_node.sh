@@ -26,6 +26,9 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 
+# The detached pipelines run from their own copy: each device call re-syncs the checkout.
+copy_repo() { rm -rf /tmp/repo && mkdir /tmp/repo && cp -r scripts sglang_ext pyproject.toml /tmp/repo/; }
+
 step=${1:?usage: gpu_node.sh stage|install|fixtures|patched|test}
 shift
 case "$step" in
@@ -52,7 +55,7 @@ speed-start)
     cp .wh/s1/*.whl .wh/s4/*.whl "$WH"/
     python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$TRAIN_SITE" \
         .wh/s1/*.whl .wh/s4/*.whl
-    rm -rf /tmp/repo && mkdir /tmp/repo && cp -r scripts sglang_ext pyproject.toml /tmp/repo/
+    copy_repo
     SPEED_BENCH_ARGS="$*" setsid nohup bash /tmp/repo/scripts/gpu_node.sh speed-pipeline \
         >"$SPEED/pipeline.log" 2>&1 </dev/null &
     sleep 2
@@ -89,7 +92,7 @@ speed-pipeline)
 dummy-profile-start)
     # Stock SGLang, dummy 8B-shaped weights, tau ~ 1: where a verify cycle's time goes.
     mkdir -p "$WH" && cp .wh/s1/*.whl "$WH"/
-    rm -rf /tmp/repo && mkdir /tmp/repo && cp -r scripts sglang_ext /tmp/repo/
+    copy_repo
     setsid nohup bash /tmp/repo/scripts/gpu_node.sh dummy-profile >/tmp/dummy.log 2>&1 \
         </dev/null &
     ;;
