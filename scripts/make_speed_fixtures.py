@@ -301,7 +301,9 @@ def stage_drafter(args, scale: SpeedScale) -> dict[str, Any]:
     )
     from speculators.losses import resolve_loss_config
 
-    loss_config = resolve_loss_config(mf.LOSS_NAME, "eager" if device == "cpu" else "fused")
+    # The implementation training ended up with (it falls back to eager if fused fails).
+    used = loss_impl if train["loss_implementation"] == loss_impl else "eager"
+    loss_config = resolve_loss_config(mf.LOSS_NAME, used)
     on_greedy = mf.eval_drafter(
         drafter, target, distill["heldout"].long(), device, loss_config, False, cfg["ttt_steps"]
     )
