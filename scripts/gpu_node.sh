@@ -18,16 +18,33 @@
 #   bash scripts/gpu_node.sh speed-wait [SECS]   watch; fixture manifest + results -> $OUT
 #   bash scripts/gpu_node.sh speed-bench [args]  scripts/bench_speed.py -> $OUT (fixtures ready)
 #
+# The whole GPU suite with the seed case (issue 11), chunks from the training-first split:
+#   bash scripts/gpu_node.sh suite-start [pytest args]
+#                                                stage s1 s4, install the training subset, start
+#                                                make_fixtures (bf16 reference) || make_mla_fixtures,
+#                                                then (after `install`) the patched copy and
+#                                                pytest -m gpu, detached
+#   bash scripts/gpu_node.sh stage s2; ... stage s3 && bash scripts/gpu_node.sh install
+#   bash scripts/gpu_node.sh suite-wait [SECS]   watch; results + fixture manifests -> $OUT
+#
 # Wheel chunks come from: python scripts/wheelhouse.py build --profile h200-cu130-py312 --out .wh
 set -euo pipefail
-WH=/tmp/wh SITE=/tmp/site FIX=/tmp/fixtures LOGS=/tmp/sglang-ext-logs
+WH=/tmp/wh SITE=/tmp/site FIX=/tmp/fixtures LOGS=/tmp/sglang-ext-logs MLA=/tmp/mla SUITE=/tmp/suite
 SPEED=/tmp/speed TRAIN_SITE=/tmp/site-train INSTALLED=/tmp/sglang-installed
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 
 # The detached pipelines run from their own copy: each device call re-syncs the checkout.
-copy_repo() { rm -rf /tmp/repo && mkdir /tmp/repo && cp -r scripts sglang_ext pyproject.toml /tmp/repo/; }
+copy_repo() {
+    rm -rf /tmp/repo && mkdir /tmp/repo && cp -r scripts sglang_ext tests patches pyproject.toml /tmp/repo/
+}
+# The training subset (chunks s1 + s4) into its own site, so fixtures start before SGLang is in.
+train_site() {
+    mkdir -p "$WH" && cp .wh/s1/*.whl .wh/s4/*.whl "$WH"/
+    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$TRAIN_SITE" \
+        .wh/s1/*.whl .wh/s4/*.whl
+}
 
 step=${1:?usage: gpu_node.sh stage|install|fixtures|patched|test}
 shift
@@ -50,11 +67,57 @@ print([ep.name for ep in md.entry_points(group="sglang.srt.plugins")])
 PY
     touch "$INSTALLED"
     ;;
+suite-start)
+    mkdir -p "$SUITE/result"
+    train_site
+    copy_repo
+    SUITE_PYTEST_ARGS="$*" setsid nohup bash /tmp/repo/scripts/gpu_node.sh suite-pipeline \
+        >"$SUITE/pipeline.log" 2>&1 </dev/null &
+    sleep 2
+    cat "$SUITE/pipeline.log"
+    ;;
+suite-pipeline)
+    # (make_fixtures || make_mla_fixtures) -> (after `install`) patched copy -> pytest -m gpu;
+    # ends with DONE or FAILED. Runs detached: `suite-wait` only watches.
+    cd /tmp/repo
+    PYTHONPATH="$TRAIN_SITE" python3 scripts/make_fixtures.py --out "$FIX" --scale full \
+        --device cuda --ref-dtype bfloat16 --overwrite >"$SUITE/fixtures.log" 2>&1 &
+    p1=$!
+    PYTHONPATH="$TRAIN_SITE" python3 scripts/make_mla_fixtures.py --stage all --out "$MLA" \
+        --device cuda >"$SUITE/mla.log" 2>&1 &
+    p2=$!
+    ok=1
+    wait "$p1" || ok=0
+    wait "$p2" || ok=0
+    while [ ! -f "$INSTALLED" ]; do sleep 2; done
+    if [ "$ok" = 1 ]; then
+        bash scripts/gpu_node.sh patched 0.5.17 >"$SUITE/patched.log" 2>&1 || true
+        # shellcheck disable=SC2086  # pytest flags, split on purpose
+        OUT="$SUITE/result" SGLANG_EXT_MLA_FIXTURES="$MLA" timeout -s INT "${SUITE_LIMIT:-900}" \
+            bash scripts/gpu_node.sh test ${SUITE_PYTEST_ARGS:-} || true
+        touch "$SUITE/DONE"
+    else
+        touch "$SUITE/FAILED"
+    fi
+    ;;
+suite-wait)
+    limit=${1:-540}
+    for _ in $(seq "$limit"); do
+        if [ -f "$SUITE/DONE" ] || [ -f "$SUITE/FAILED" ]; then break; fi
+        sleep 1
+    done
+    grep -h "make_fixtures\|Error\|error" "$SUITE"/fixtures.log "$SUITE"/mla.log 2>/dev/null | tail -n 20
+    tail -n 25 "$SUITE/result/pytest.log" 2>/dev/null
+    cp "$FIX/fixtures.json" "$MLA/mla-fixtures.json" "$OUT"/ 2>/dev/null || true
+    cp "$SUITE"/result/integration-*.json "$SUITE/result/pytest.log" "$OUT"/ 2>/dev/null || true
+    tar -czf "$OUT/suite-logs.tgz" -C "$SUITE" pipeline.log fixtures.log mla.log patched.log \
+        result/logs.tgz 2>/dev/null || true
+    nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
+    [ -f "$SUITE/DONE" ]
+    ;;
 speed-start)
-    mkdir -p "$WH" "$SPEED"
-    cp .wh/s1/*.whl .wh/s4/*.whl "$WH"/
-    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$TRAIN_SITE" \
-        .wh/s1/*.whl .wh/s4/*.whl
+    mkdir -p "$SPEED"
+    train_site
     copy_repo
     SPEED_BENCH_ARGS="$*" setsid nohup bash /tmp/repo/scripts/gpu_node.sh speed-pipeline \
         >"$SPEED/pipeline.log" 2>&1 </dev/null &

@@ -177,24 +177,32 @@ class Server:
         with urllib.request.urlopen(request, timeout=timeout) as resp:
             return json.loads(resp.read())
 
-    def generate(self, input_ids: list[int], max_new_tokens: int) -> dict:
-        return self.post(
-            "/generate",
-            {
-                "input_ids": input_ids,
-                "sampling_params": {
-                    "temperature": 0.0,
-                    "max_new_tokens": max_new_tokens,
-                    "ignore_eos": True,
-                },
+    def generate(self, input_ids: list[int], max_new_tokens: int, top_logprobs: int = 0) -> dict:
+        """Greedy, EOS ignored; ``top_logprobs`` > 0 adds each output position's top-k
+        logprobs (``meta_info.output_top_logprobs``), which the lossless rule reads."""
+        payload = {
+            "input_ids": input_ids,
+            "sampling_params": {
+                "temperature": 0.0,
+                "max_new_tokens": max_new_tokens,
+                "ignore_eos": True,
             },
-        )
+        }
+        if top_logprobs:
+            payload.update(return_logprob=True, top_logprobs_num=top_logprobs)
+        return self.post("/generate", payload)
 
     def generate_many(
-        self, prompts: list[list[int]], max_new_tokens: int, concurrency: int = 8
+        self,
+        prompts: list[list[int]],
+        max_new_tokens: int,
+        concurrency: int = 8,
+        top_logprobs: int = 0,
     ) -> list[dict]:
         with ThreadPoolExecutor(concurrency) as pool:
-            return list(pool.map(lambda ids: self.generate(ids, max_new_tokens), prompts))
+            return list(
+                pool.map(lambda ids: self.generate(ids, max_new_tokens, top_logprobs), prompts)
+            )
 
     def metrics_text(self) -> str:
         with urllib.request.urlopen(self.url + "/metrics", timeout=30) as resp:

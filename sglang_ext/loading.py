@@ -279,6 +279,26 @@ def _fmt(shape, dtype=None) -> str:
     return f"{text} {dtype}" if dtype else text
 
 
+def fc_width_reason(spec: DrafterSpec, fc_in: int) -> str:
+    """Why an fc trained on more (or fewer) target layers than the config names cannot serve:
+    the seed's failure, where the target handed over one layer as wide as the drafter."""
+    width, n = spec.fc_input_hidden_size, spec.num_aux_hidden_states
+    layers = (
+        f" = {fc_in // width} x {width}" if fc_in % width == 0 else f" (not a multiple of {width})"
+    )
+    seed = (
+        ": one layer as wide as the drafter, the width at which stock SGLang skips fc "
+        "without a word and the drafter runs on unfused features (accept length ~1)"
+        if n * width == spec.hidden_size
+        else ""
+    )
+    return (
+        f"fc reads {fc_in}{layers} target features, but the config's aux layer ids "
+        f"{list(spec.aux_hidden_state_layer_ids or [])} name {n} layer(s), so the target hands "
+        f"over {n} x {width} = {n * width}{seed}; list the layers it was trained on"
+    )
+
+
 class LoadPlan:
     """Routes checkpoint tensors to parameters and accounts for both sides."""
 
@@ -341,6 +361,8 @@ class LoadPlan:
             return Decision("skip")
         if tuple(shape) != tuple(want):
             entry.status = "shape_mismatch"
+            if param == "model.fc.weight" and len(shape) == 2:
+                entry.reason = fc_width_reason(spec, int(shape[1]))
             return Decision("skip")
         self._filled[param].add(shard)
         if rule.note:
@@ -352,10 +374,7 @@ class LoadPlan:
         if rule.param == "model.input_norm.weight":
             return "config has norm_before_fc=false, so nothing reads input_norm"
         if "fc_norm" in rule.param:
-            return (
-                "config has fc_norm=false or fewer aux states "
-                f"({spec.num_aux_hidden_states})"
-            )
+            return f"config has fc_norm=false or fewer aux states ({spec.num_aux_hidden_states})"
         if "q_norm" in rule.param or "k_norm" in rule.param:
             return f"draft layers are {spec.layer_type}, which have no q_norm/k_norm"
         if ".layers." in rule.param:

@@ -353,6 +353,19 @@ class DrafterSpec:
         problems = check_capture(
             captured, self.num_aux_hidden_states, target.num_hidden_layers, "aux layers"
         )
+        handed = len(set(captured)) * target.hidden_size
+        if problems and handed != self.expected_target_feature_width:
+            seed = (
+                ": one layer as wide as the drafter, where stock SGLang skips fc without a "
+                "word and the drafter runs on unfused features (accept length ~1)"
+                if handed == self.hidden_size
+                else ""
+            )
+            problems.append(
+                f"widths: the target would hand over {handed} features ({len(set(captured))} x "
+                f"{target.hidden_size}){seed}, but fc reads {self.num_aux_hidden_states} x "
+                f"{self.fc_input_hidden_size} = {self.expected_target_feature_width}"
+            )
         if self.aux_id_convention == "speculators" and target.num_hidden_layers in captured:
             problems.append(
                 f"aux layer id {target.num_hidden_layers} names the target's final hidden state "

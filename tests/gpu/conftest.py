@@ -43,3 +43,7 @@ def pytest_runtest_logreport(report):
         from harness import OUTCOMES
 
         OUTCOMES[report.nodeid.split("::", 1)[-1]] = report.outcome
+
+
+# The session's servers and no-speculation baselines (suite.py), shared by every test module.
+from suite import cluster, llama_baseline, mla_baseline  # noqa: E402, F401

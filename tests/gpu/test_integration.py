@@ -1,262 +1,40 @@
 """End to end on a GPU: real SGLang servers, a trained target and a speculators-trained drafter.
 
-Run on a GPU node after building the fixtures (scripts/make_fixtures.py):
+Run on a GPU node after building the fixtures (scripts/make_fixtures.py, and
+scripts/make_mla_fixtures.py for the seed case in test_seed_case.py):
 
     SGLANG_EXT_FIXTURES=/tmp/fixtures python -m pytest -m gpu tests/gpu -x -q
 
-All servers start in parallel on one GPU (small --mem-fraction-static each) and are torn down
-at the end. Every run writes tests/gpu/results/integration-<date>-<gpu>.json (or into
-$SGLANG_EXT_RESULTS_DIR) with the figures each test measured.
+The servers and shared measurements live in suite.py (fixture `cluster`, via conftest.py).
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import json
-import os
 import re
 import statistics
 import subprocess
 import sys
 import time
 import urllib.error
-from pathlib import Path
 
 import pytest
-from harness import OUTCOMES, STOCK_ENV, Server, start_all, timed_tokens_per_s
-
-FIXTURES = Path(os.environ.get("SGLANG_EXT_FIXTURES", "/tmp/fixtures"))
-RESULTS_DIR = Path(os.environ.get("SGLANG_EXT_RESULTS_DIR", Path(__file__).parent / "results"))
-LOG_DIR = Path(os.environ.get("SGLANG_EXT_LOG_DIR", "/tmp/sglang-ext-logs"))
-PATCHED_SITE = os.environ.get("SGLANG_EXT_PATCHED_SITE")  # dir holding a patched `sglang`
-STARTUP_TIMEOUT = float(os.environ.get("SGLANG_EXT_STARTUP_TIMEOUT", "420"))
-MAX_NEW_TOKENS = 256
-JSONL = LOG_DIR / "acceptance-plugin.jsonl"
-ALARM_JSONL = LOG_DIR / "acceptance-random.jsonl"
-
-RESULTS: dict = {}
-
-
-def gpu_info() -> dict:
-    import pynvml
-
-    pynvml.nvmlInit()
-    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-
-    def text(value):
-        return value.decode() if isinstance(value, bytes) else value
-
-    info = {
-        "name": text(pynvml.nvmlDeviceGetName(handle)),
-        "driver": text(pynvml.nvmlSystemGetDriverVersion()),
-        "memory_total_mib": pynvml.nvmlDeviceGetMemoryInfo(handle).total // 2**20,
-        "sm_clock_max_mhz": pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM),
-        "mem_clock_max_mhz": pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_MEM),
-        "sm_clock_now_mhz": pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
-        "count": pynvml.nvmlDeviceGetCount(),
-    }
-    pynvml.nvmlShutdown()
-    return info
-
-
-def gpu_count_safe() -> int:
-    try:
-        return gpu_count()
-    except Exception:  # noqa: BLE001 - no torch/CUDA: the test is skipped anyway
-        return 0
-
-
-def gpu_count() -> int:
-    import torch
-
-    return torch.cuda.device_count()
-
-
-def versions() -> dict:
-    from importlib.metadata import version
-
-    import torch
-
-    out = {"python": sys.version.split()[0], "torch": torch.__version__}
-    for name in (
-        "sglang",
-        "sglang-ext",
-        "transformers",
-        "speculators",
-        "sglang-kernel",
-        "flashinfer-python",
-        "triton",
-    ):
-        try:
-            out[name] = version(name)
-        except Exception:  # noqa: BLE001 - report absence
-            out[name] = None
-    return out
-
-
-def load_prompts() -> list[dict]:
-    with (FIXTURES / "prompts.jsonl").open() as handle:
-        return [json.loads(line) for line in handle if line.strip()]
-
-
-def reference(name: str) -> dict[str, dict]:
-    path = FIXTURES / "reference" / f"{name}.jsonl"
-    with path.open() as handle:
-        return {row["id"]: row for row in map(json.loads, handle) if row}
-
-
-def tau_of(rows) -> float:
-    accepted = sum(sum(r["accepted"]) for r in rows)
-    cycles = sum(r["cycles"] for r in rows)
-    return (accepted + cycles) / cycles
-
-
-def served_tau(outputs: list[dict]) -> float:
-    """Accept length from meta_info: (accepted draft tokens + verify steps) / verify steps.
-
-    `spec_accepted_draft_tokens` is added by sglang_ext's metrics (and by the patch series);
-    without it, (completion_tokens - 1) counts the same tokens except where the last verify
-    step was cut at max_new_tokens."""
-    accepted = verify = 0
-    for out in outputs:
-        meta = out["meta_info"]
-        verify += meta["spec_verify_ct"]
-        accepted += meta.get(
-            "spec_accepted_draft_tokens", meta["completion_tokens"] - 1 - meta["spec_verify_ct"]
-        )
-    return (accepted + verify) / verify
-
-
-@pytest.fixture(scope="session")
-def cluster():
-    if not (FIXTURES / "prompts.jsonl").exists():
-        pytest.skip(f"no fixtures in {FIXTURES}: run scripts/make_fixtures.py first")
-    from sglang_ext.convert import convert
-
-    converted = LOG_DIR / "converted-llama-drafter"
-    RESULTS["converted_differences"] = convert(
-        FIXTURES / "llama-drafter", converted, target=FIXTURES / "llama-target", force=True
-    )
-    llama, drafter = str(FIXTURES / "llama-target"), str(FIXTURES / "llama-drafter")
-    metrics_env = {"SGLANG_EXT_ACCEPTANCE_JSONL": str(JSONL)}
-    port = iter(range(31001, 31100))
-    servers = [
-        Server("nospec", llama, next(port), max_bs=32),
-        Server("plugin", llama, next(port), drafter, ["--enable-metrics"], metrics_env, max_bs=32),
-        Server(
-            "plugin_nometrics",
-            llama,
-            next(port),
-            drafter,
-            env={"SGLANG_EXT_METRICS": "0"},
-            max_bs=32,
-        ),
-        Server("stock_speculators", llama, next(port), drafter, env=STOCK_ENV),
-        Server("stock_converted", llama, next(port), str(converted), env=STOCK_ENV),
-        Server(
-            "guard_plugin",
-            str(FIXTURES / "llama4layer-target"),
-            next(port),
-            str(FIXTURES / "llama4layer-sglang-drafter"),
-        ),
-        Server(
-            "guard_stock",
-            str(FIXTURES / "llama4layer-target"),
-            next(port),
-            str(FIXTURES / "llama4layer-sglang-drafter"),
-            env=STOCK_ENV,
-        ),
-        Server(
-            "random",
-            llama,
-            next(port),
-            str(FIXTURES / "random-drafter"),
-            ["--enable-metrics"],
-            {"SGLANG_EXT_ACCEPTANCE_JSONL": str(ALARM_JSONL)},
-        ),
-        Server("three_layer", llama, next(port), str(FIXTURES / "llama-drafter-3layer")),
-        Server(
-            "qwen3", str(FIXTURES / "qwen3-target"), next(port), str(FIXTURES / "qwen3-drafter")
-        ),
-        Server("dsv3", str(FIXTURES / "dsv3-target"), next(port), str(FIXTURES / "dsv3-drafter")),
-    ]
-    if PATCHED_SITE:
-        pythonpath = f"{PATCHED_SITE}:{os.environ.get('PYTHONPATH', '')}"
-        servers.append(
-            Server(
-                "patched",
-                llama,
-                next(port),
-                drafter,
-                env={**STOCK_ENV, "PYTHONPATH": pythonpath},
-                max_bs=4,
-            )
-        )
-    if gpu_count() >= 2:
-        # Throughput pairs stay together on GPU 0; the checks that only need a server move to
-        # GPU 1; TP=2 spans both.
-        for server in servers:
-            if server.name in ("stock_speculators", "guard_plugin", "guard_stock", "random",
-                               "three_layer", "qwen3", "dsv3"):
-                server.gpu = 1
-        servers.append(Server("tp2", llama, next(port), drafter, ["--tp-size", "2"]))
-    for server in servers:
-        server.log_dir = LOG_DIR
-    LOG_DIR.mkdir(parents=True, exist_ok=True)
-    for path in (JSONL, ALARM_JSONL):
-        path.unlink(missing_ok=True)
-    started = time.time()
-    statuses = start_all(servers, STARTUP_TIMEOUT)
-    RESULTS["startup"] = {
-        "wall_s": round(time.time() - started, 1),
-        "servers": {
-            s.name: {
-                "status": s.status,
-                "ready_after_s": s.ready_after_s,
-                "command": " ".join(s.command()),
-                "env": s.env,
-            }
-            for s in servers
-        },
-    }
-    try:
-        yield {s.name: s for s in servers}
-    finally:
-        for server in servers:
-            server.stop()
-        write_results(statuses)
-
-
-def write_results(statuses) -> None:
-    try:
-        gpu = gpu_info()
-    except Exception as exc:  # noqa: BLE001 - the file must still be written
-        gpu = {"name": "unknown", "error": repr(exc)}
-    found = versions()
-    now = dt.datetime.now(dt.UTC)
-    gpu_slug = re.sub(r"[^A-Za-z0-9]+", "-", gpu.get("name", "gpu")).strip("-").lower()
-    data = {
-        "date": now.isoformat(timespec="seconds"),
-        "gpu": gpu,
-        "sglang_version": found.get("sglang"),
-        "torch_version": found.get("torch"),
-        "versions": found,
-        "command": " ".join([sys.executable, "-m", "pytest", *sys.argv[1:]]),
-        "flags": {
-            "base": Server("x", "m", 0).command()[9:],
-            "note": "per-server extras in "
-            "startup.servers.*.command; attention backend: triton for every figure",
-        },
-        "attention_backend": "triton",
-        "outcomes": dict(OUTCOMES),
-        **RESULTS,
-    }
-    data.setdefault("tp2", {"tau_served": None, "note": "not run (fewer than 2 GPUs)"})
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    path = RESULTS_DIR / f"integration-{now.date().isoformat()}-{gpu_slug}.json"
-    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    print(f"\nresults written to {path}")
-
+from harness import timed_tokens_per_s
+from lossless import verdict
+from suite import (
+    ALARM_JSONL,
+    FIXTURES,
+    JSONL,
+    LOG_DIR,
+    MAX_NEW_TOKENS,
+    PATCHED_SITE,
+    RESULTS,
+    gpu_count_safe,
+    load_prompts,
+    reference,
+    served_tau,
+    tau_of,
+)
 
 # -- 1. serves -------------------------------------------------------------------------------
 
@@ -272,51 +50,70 @@ def test_plugin_loads_the_speculators_drafter_and_serves(cluster):
 # -- 2. lossless, 3. acceptance fidelity ---------------------------------------------------
 
 
-def test_lossless_and_acceptance_fidelity(cluster):
-    prompts = load_prompts()
-    ids = [p["input_ids"] for p in prompts]
-    base = cluster["nospec"].generate_many(ids, MAX_NEW_TOKENS)
-    spec = cluster["plugin"].generate_many(ids, MAX_NEW_TOKENS)
-    identical = sum(a["output_ids"] == b["output_ids"] for a, b in zip(base, spec, strict=True))
-    mismatches = [
-        p["id"]
-        for p, a, b in zip(prompts, base, spec, strict=True)
-        if a["output_ids"] != b["output_ids"]
-    ]
-    # The reference ran at its own max_new_tokens (fixtures.json); measure served tau there.
-    manifest = json.loads((FIXTURES / "fixtures.json").read_text())
-    ref_tokens = manifest["drafters"]["llama-drafter"]["reference"]["max_new_tokens"]
-    ref = reference("llama-drafter")
-    chosen = [p for p in prompts if p["id"] in ref]
-    at_ref_length = cluster["plugin"].generate_many([p["input_ids"] for p in chosen], ref_tokens)
-    served_subset = served_tau(at_ref_length)
-    ref_tau = tau_of([ref[p["id"]] for p in chosen])
-    served = served_tau(spec)
+@pytest.fixture(scope="module")
+def plugin_outputs(cluster, llama_baseline):
+    """The plugin's outputs on the lossless prompts, concurrency 1 (as the baseline)."""
+    return cluster["plugin"].generate_many(llama_baseline["ids"], MAX_NEW_TOKENS, concurrency=1)
+
+
+def test_lossless_by_the_near_tie_rule(llama_baseline, plugin_outputs):
+    base = llama_baseline
+    result = verdict(base["c1"], plugin_outputs, base["bound"], [p["id"] for p in base["prompts"]])
     RESULTS["lossless"] = {
-        "prompts": len(prompts),
-        "identical": identical,
+        **result,
         "max_new_tokens": MAX_NEW_TOKENS,
-        "mismatched_ids": mismatches,
+        "setting": "3/1/4",
+        "concurrency": 1,
+        "tau_served": round(served_tau(plugin_outputs), 4),
     }
+    assert result["pass"], f"divergences above the near-tie bound: {result}"
+
+
+def compare_with_plugin(server, llama_baseline, plugin_outputs) -> dict:
+    """A second EAGLE-3 server of the llama drafter against the plugin on the lossless
+    prompts: lossless by the rule, and its tau relative to the plugin's."""
+    base = llama_baseline
+    outputs = server.generate_many(base["ids"], MAX_NEW_TOKENS, concurrency=1)
+    tau, plugin_tau = served_tau(outputs), served_tau(plugin_outputs)
+    lossless = verdict(base["c1"], outputs, base["bound"], [p["id"] for p in base["prompts"]])
+    return {
+        "tau_served": round(tau, 4),
+        "plugin_tau_served": round(plugin_tau, 4),
+        "relative_difference": round(abs(tau - plugin_tau) / plugin_tau, 4),
+        "lossless": lossless,
+        "lossless_pass": lossless["pass"],
+        "prompts": len(outputs),
+        "max_new_tokens": MAX_NEW_TOKENS,
+    }
+
+
+def test_acceptance_matches_the_reference(cluster):
+    """Served tau vs the offline reference chain loop of the same numeric class (bf16: the
+    fixtures run it with --ref-dtype bfloat16). The fp32 reference differs from bf16 serving
+    by bf16 noise (2.5 % on the H200, 2026-11-29): not a like-for-like comparison."""
+    manifest = json.loads((FIXTURES / "fixtures.json").read_text())
+    ref_info = manifest["drafters"]["llama-drafter"]["reference"]
+    ref = reference("llama-drafter")
+    chosen = [p for p in load_prompts() if p["id"] in ref]
+    outputs = cluster["plugin"].generate_many(
+        [p["input_ids"] for p in chosen], ref_info["max_new_tokens"], concurrency=1
+    )
+    served = served_tau(outputs)
+    ref_tau = tau_of([ref[p["id"]] for p in chosen])
     RESULTS["acceptance"] = {
-        "tau_served": round(served_subset, 4),
+        "tau_served": round(served, 4),
         "tau_reference": round(ref_tau, 4),
-        "relative_difference": round(abs(served_subset - ref_tau) / ref_tau, 4),
+        "reference_dtype": ref_info.get("dtype"),
+        "relative_difference": round(abs(served - ref_tau) / ref_tau, 4),
         "prompts": len(chosen),
-        "max_new_tokens": ref_tokens,
-        "tau_served_256_tokens": round(served, 4),
+        "max_new_tokens": ref_info["max_new_tokens"],
         "definition": "(accepted draft tokens + verify steps) / verify steps",
-        "reference": "sglang_ext.reference chain loop, fp32, transformers target + speculators "
+        "reference": "sglang_ext.reference chain loop, transformers target + speculators "
         "drafter modules (fixtures.json drafters.llama-drafter.reference)",
-        "sglang_accept_length_256_tokens": round(
-            sum(o["meta_info"]["completion_tokens"] for o in spec)
-            / sum(o["meta_info"]["spec_verify_ct"] for o in spec),
-            4,
-        ),
     }
-    assert identical == len(prompts), f"non-identical greedy outputs: {mismatches}"
-    assert served_subset >= 2.0
-    assert abs(served_subset - ref_tau) / ref_tau <= 0.02
+    assert ref_info.get("dtype") == "bfloat16", "run make_fixtures.py with --ref-dtype bfloat16"
+    assert served >= 2.0
+    assert abs(served - ref_tau) / ref_tau <= 0.02
 
 
 # -- 4. stock SGLang, same checkpoint ----------------------------------------------------------
@@ -369,41 +166,28 @@ def test_fusion_guard_fails_at_startup_where_stock_crashes_on_first_request(clus
         crash = re.search(r"(mat1 and mat2 shapes cannot be multiplied[^\n]*)", stock.log_text())
         stock_result["scheduler_error"] = crash.group(1) if crash else None
         stock_result["alive_after"] = stock.alive()
-    else:  # stock died before serving: record what it said (the next assert needs its words)
-        errors = re.findall(r"(\w+Error: [^\n]*)", stock.log_text())
-        stock_result["startup_error"] = errors[-1] if errors else None
+    else:
+        # Stock died before /health_generate answered. SGLang's launcher sends its own warmup
+        # generate request once the HTTP server is up: that request is the first request,
+        # and the scheduler dies on it. Record where, and what it said.
+        log = stock.log_text()
+        crash = re.search(r"(mat1 and mat2 shapes cannot be multiplied[^\n]*)", log)
+        stock_result["startup_error"] = stock.startup_error()
+        stock_result["scheduler_error"] = crash.group(1) if crash else None
+        stock_result["died_at_warmup_request"] = bool(
+            re.search(r"warmup|/generate", log[: crash.start()] if crash else log, re.I)
+        )
+        stock_result["log_tail"] = stock.log_tail(12)
     RESULTS["fusion_guard"] = {
         "plugin": {"status": guard.status, "error": match.group(1)},
         "stock": stock_result,
     }
-    stock_failed = stock_result.get("first_request", "").startswith("failed") or (
-        stock_result.get("scheduler_error") or stock_result.get("startup_error")
-    )
-    assert stock_failed, stock.log_text()[-3000:]
+    # What the same flags do to stock SGLang: the drafter's fc meets 2 captured layers, not
+    # 3, on the first forward that fuses (SGLang's warmup or the first user request).
+    assert stock_result["scheduler_error"], stock.log_text()[-3000:]
 
 
 # -- throughput, bench, metrics ---------------------------------------------------------------
-
-
-def test_speculation_is_faster_than_no_speculation(cluster):
-    prompts = [p["input_ids"] for p in load_prompts()[:16]]
-    rounds = {"nospec": [], "plugin": []}
-    for _ in range(2):
-        for name in rounds:
-            rounds[name].append(timed_tokens_per_s(cluster[name], prompts, MAX_NEW_TOKENS, 1))
-    spec = max(r["tok_s"] for r in rounds["plugin"])
-    base = max(r["tok_s"] for r in rounds["nospec"])
-    RESULTS["throughput"] = {
-        "spec_tok_s": spec,
-        "nospec_tok_s": base,
-        "speedup": round(spec / base, 3),
-        "concurrency": 1,
-        "requests": len(prompts),
-        "max_new_tokens": MAX_NEW_TOKENS,
-        "rounds": rounds,
-        "attention_backend": "triton",
-    }
-    assert spec > base
 
 
 def test_bench_client_against_baseline(cluster, tmp_path):
@@ -549,40 +333,27 @@ def test_variants_serve(cluster, name, drafter):
 
 
 @pytest.mark.skipif(not PATCHED_SITE, reason="SGLANG_EXT_PATCHED_SITE not set")
-def test_patched_sglang_without_plugin_matches_plugin(cluster):
+def test_patched_sglang_without_plugin_matches_plugin(cluster, llama_baseline, plugin_outputs):
     server = cluster["patched"]
     RESULTS["patched"] = {"status": server.status}
     assert server.status == "ready", server.log_text()[-3000:]
-    prompts = load_prompts()
-    ids = [p["input_ids"] for p in prompts]
-    base = cluster["nospec"].generate_many(ids, MAX_NEW_TOKENS)
-    patched = server.generate_many(ids, MAX_NEW_TOKENS)
-    identical = sum(a["output_ids"] == b["output_ids"] for a, b in zip(base, patched, strict=True))
-    tau = served_tau(patched)
-    plugin_tau = RESULTS.get("acceptance", {}).get("tau_served_256_tokens")
-    RESULTS["patched"] = {
-        "site": PATCHED_SITE,
-        "lossless_identical": identical,
-        "prompts": len(prompts),
-        "tau_served": round(tau, 4),
-        "plugin_tau_served": plugin_tau,
-    }
-    assert identical == len(prompts)
-    if plugin_tau:
-        assert abs(tau - plugin_tau) / plugin_tau <= 0.01
+    result = compare_with_plugin(server, llama_baseline, plugin_outputs)
+    RESULTS["patched"] = {"site": PATCHED_SITE, **result}
+    assert result["lossless_pass"], result["lossless"]
+    assert result["relative_difference"] <= 0.01
 
 
 @pytest.mark.skipif(gpu_count_safe() < 2, reason="TP=2 needs 2 GPUs")
-def test_tp2_serves_with_the_same_acceptance(cluster):
+def test_tp2_serves_with_the_same_acceptance(cluster, llama_baseline, plugin_outputs):
     server = cluster["tp2"]
     RESULTS["tp2"] = {"status": server.status}
     assert server.status == "ready", server.log_text()[-3000:]
-    prompts = load_prompts()
-    outputs = server.generate_many([p["input_ids"] for p in prompts], MAX_NEW_TOKENS)
-    tau = served_tau(outputs)
-    single = RESULTS.get("acceptance", {}).get("tau_served_256_tokens")
-    RESULTS["tp2"] = {"status": server.status, "tau_served": round(tau, 4),
-                      "tp1_tau_served": single, "tp": 2, "prompts": len(prompts)}
-    if single:
-        RESULTS["tp2"]["relative_difference"] = round(abs(tau - single) / single, 4)
-        assert abs(tau - single) / single <= 0.02
+    result = compare_with_plugin(server, llama_baseline, plugin_outputs)
+    RESULTS["tp2"] = {
+        "status": server.status,
+        "tp": 2,
+        "tau_tp1": result["plugin_tau_served"],
+        **result,
+    }
+    assert result["lossless_pass"], result["lossless"]
+    assert result["relative_difference"] <= 0.02

@@ -1,0 +1,486 @@
+#!/usr/bin/env python
+"""Fixtures for the seed case: an MLA + MoE (DeepSeek-V3-class) target that is a trained,
+predictable language model, a speculators EAGLE-3 drafter trained on it, and the seed's
+broken configuration in miniature. Nothing is downloaded.
+
+Why this shape: the failure this project exists for happened on Kimi-K2.5 (DeepSeek-V3 text
+model: MLA attention, MoE with routed + shared experts, first dense layer). A 6-layer
+DeepseekV3ForCausalLM is trained here; served as is, a decode step is launch-bound (a 6-layer
+27M llama runs speculation at 0.88x of no speculation), so it is also deepened
+function-preservingly to DeepSeek-V3's 61 layers: small layer i sits at deep layer 10 i, the
+55 layers in between are identity residual blocks (attention o_proj, every expert's and the
+shared expert's down_proj zero; router and the rest copied from a trained MoE layer). The deep
+target computes exactly what the small one computes and costs what 61 MLA + MoE layers cost.
+
+Stages (``--stage``), each writing into ``--out``:
+
+  base     tokenizer, data and held-out prompts (as scripts/make_fixtures.py), the small
+           target trained on Python stdlib text, and the target's own greedy continuations
+           ("distillation" text: what the drafter sees when serving greedy requests).
+  drafter  speculators' Eagle3DraftModel (a llama-type draft layer, as speculators builds
+           for such verifiers) trained with speculators' forward and kl_div loss on half raw
+           text, half distillation text; aux ids [1, 3, 5]; full vocabulary; and the offline
+           reference tau (sglang_ext.reference chain loop) on held-out prompts, in bf16 (the
+           served numeric class) and fp32.
+  deepen   deep-target/ (61 layers), deep-drafter/ (the same weights, aux ids [10, 30, 50]),
+           a bf16 check that deep and small logits agree, and seed-drafter/: the seed's
+           configuration -- the drafter in SGLang's own format (``sglang-ext convert
+           --force``) whose eagle_config names ONE aux layer while its fc keeps the trained
+           three, so the target hands over one layer as wide as the drafter and stock SGLang
+           skips fc without a word.
+
+    python scripts/make_mla_fixtures.py --stage all --out /tmp/mla --device cuda
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+import make_fixtures as mf  # noqa: E402
+import make_speed_fixtures as msf  # noqa: E402
+
+from sglang_ext import reference as ref  # noqa: E402
+
+
+@dataclasses.dataclass(frozen=True)
+class MlaScale:
+    name: str
+    vocab_size: int
+    seq_len: int
+    train_char_budget: int | None
+    target: dict[str, Any]
+    target_train: dict[str, Any]
+    distill: dict[str, int]
+    drafter_train: dict[str, Any]
+    deep_layers: int
+    placement: tuple[int, ...]
+    aux_ids: tuple[int, ...] = (1, 3, 5)
+    seed_aux_ids: tuple[int, ...] = ()  # the seed's one captured layer (deep-target ids)
+    heldout_eval_chunks: int = 32
+    num_prompts: int = 64
+    prompt_len: tuple[int, int] = (128, 256)
+    reference: dict[str, int] = dataclasses.field(default_factory=dict)
+    check_chunks: int = 8
+
+
+def _dsv3(layers, hidden, inter, moe_inter, heads, experts, q_lora, kv_lora, rope, nope, v):
+    return dict(
+        num_hidden_layers=layers,
+        hidden_size=hidden,
+        intermediate_size=inter,
+        moe_intermediate_size=moe_inter,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        n_routed_experts=experts,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        first_k_dense_replace=1,
+        q_lora_rank=q_lora,
+        kv_lora_rank=kv_lora,
+        qk_rope_head_dim=rope,
+        qk_nope_head_dim=nope,
+        v_head_dim=v,
+    )
+
+
+FULL = MlaScale(
+    name="full",
+    vocab_size=8192,
+    seq_len=512,
+    train_char_budget=None,
+    target=_dsv3(6, 384, 1024, 192, 8, 8, 128, 64, 16, 32, 32),
+    target_train=dict(steps=1200, batch=64, lr=1.5e-3, time_cap=150),
+    distill=dict(sequences=2048, prompt_len=128, batch=512, heldout_sequences=64),
+    drafter_train=dict(steps=1800, chunks=8, lr=2e-3, ttt_steps=3, time_cap=150),
+    deep_layers=61,
+    placement=(0, 10, 20, 30, 40, 50),
+    seed_aux_ids=(50,),
+    reference=dict(prompts=16, max_new_tokens=128, steps=3),
+)
+TINY = MlaScale(
+    name="tiny",
+    vocab_size=512,
+    seq_len=64,
+    train_char_budget=300_000,
+    target=_dsv3(6, 32, 64, 16, 2, 4, 16, 16, 8, 8, 8),
+    target_train=dict(steps=10, batch=8, lr=1e-2, time_cap=None),
+    distill=dict(sequences=8, prompt_len=32, batch=8, heldout_sequences=4),
+    drafter_train=dict(steps=6, chunks=4, lr=5e-3, ttt_steps=3, time_cap=None),
+    deep_layers=9,
+    placement=(0, 2, 3, 4, 6, 7),
+    seed_aux_ids=(7,),
+    heldout_eval_chunks=4,
+    num_prompts=4,
+    prompt_len=(32, 48),
+    reference=dict(prompts=2, max_new_tokens=8, steps=3),
+    check_chunks=2,
+)
+SCALES = {"full": FULL, "tiny": TINY}
+
+
+def deep_aux_ids(scale: MlaScale) -> list[int]:
+    """Speculators id k (state entering small layer k) -> the deep layer small layer k sits
+    at: identity blocks before it leave the state entering it unchanged."""
+    return [scale.placement[k] for k in scale.aux_ids]
+
+
+# --------------------------------------------------------------------------------------
+# Stages
+# --------------------------------------------------------------------------------------
+
+
+def stage_base(args, scale: MlaScale) -> dict[str, Any]:
+    out, device = args.out, args.device
+    t0 = time.perf_counter()
+    mf.seed_all(args.seed)
+    corpus = mf.collect_sources()
+    train_files = mf.select_training_subset(corpus, scale.train_char_budget)
+    hf_tok = mf.train_tokenizer([t for _, t in train_files], scale.vocab_size, out / "tokenizer")
+    train_stream = mf.encode_stream(hf_tok, [t for _, t in train_files])
+    heldout_stream = mf.encode_stream(hf_tok, [t for _, t in corpus.heldout])
+    prompts = mf.make_prompts(hf_tok, corpus.heldout, scale, args.seed)
+    with (out / "prompts.jsonl").open("w") as fh:
+        for prompt in prompts:
+            fh.write(json.dumps(prompt) + "\n")
+    torch.save({"train": train_stream, "heldout": heldout_stream}, out / "streams.pt")
+    data_s = time.perf_counter() - t0
+
+    mf.seed_all(args.seed + 3)
+    model = mf.build_dsv3(dict(scale.target), scale.vocab_size)
+    train = mf.train_causal_lm(
+        model,
+        train_stream,
+        seq_len=scale.seq_len,
+        device=device,
+        seed=args.seed + 3,
+        **scale.target_train,
+    )
+    heldout = mf.eval_causal_lm(
+        model, mf.heldout_chunks(heldout_stream, scale.seq_len, scale.heldout_eval_chunks), device
+    )
+    mf.log(f"dsv3 target: loss {train['last_loss']} (train), held-out {heldout}")
+
+    d = scale.distill
+    t1 = time.perf_counter()
+    new = scale.seq_len - d["prompt_len"]
+    windows = msf._random_windows(train_stream, d["sequences"], d["prompt_len"], args.seed + 4)
+    distill = msf.greedy_continuations(model, windows, new, d["batch"], device)
+    held = msf._random_windows(heldout_stream, d["heldout_sequences"], d["prompt_len"], args.seed)
+    heldout_distill = msf.greedy_continuations(model, held, new, d["batch"], device)
+    torch.save({"train": distill, "heldout": heldout_distill}, out / "distill.pt")
+    distill_s = time.perf_counter() - t1
+    save_dsv3_target(model, out / "small-target", hf_tok, bf16=device == "cuda")
+    return {
+        "data": {
+            "train_tokens": int(train_stream.numel()),
+            "heldout_tokens": int(heldout_stream.numel()),
+            "prompts": len(prompts),
+            "wall_s": round(data_s, 2),
+        },
+        "small_target": {**mf.target_summary(model), "train": train, "heldout": heldout},
+        "distill": {**d, "new_tokens": new, "wall_s": round(distill_s, 2)},
+    }
+
+
+def save_dsv3_target(model, out_dir: Path, hf_tok, bf16: bool) -> None:
+    mf.save_target(model, out_dir, hf_tok, bf16)
+    # Router fields the original DeepSeek-V3 config.json carries and SGLang's deepseek_v2
+    # reads unconditionally (as scripts/make_fixtures.py writes them for its dsv3 target).
+    mf.patch_config(
+        out_dir, topk_method="noaux_tc", scoring_func="sigmoid", moe_layer_freq=1, ep_size=1
+    )
+
+
+def load_dsv3(path: Path, device: str, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True)
+    return ref.use_eager_experts(model).to(device).eval()
+
+
+def stage_drafter(args, scale: MlaScale) -> dict[str, Any]:
+    out, device = args.out, args.device
+    streams = torch.load(out / "streams.pt")
+    distill = torch.load(out / "distill.pt")
+    target = load_dsv3(out / "small-target", device, torch.float32)
+    cfg = scale.drafter_train
+    drafter, source = mf.build_drafter(
+        out / "small-target",
+        num_layers=1,
+        draft_arch="llama",
+        aux_ids=list(scale.aux_ids),
+        t2d=None,
+        d2t=None,
+        attn_impl=args.draft_attn_impl,
+        seed=args.seed + 15,
+        norm_before_residual=True,
+        full_attention=True,
+        num_spec_tokens=cfg["ttt_steps"],
+    )
+    half = cfg["chunks"] // 2
+
+    def sample(gen: torch.Generator) -> torch.Tensor:
+        rows = torch.randint(0, len(distill["train"]), (cfg["chunks"] - half,), generator=gen)
+        raw = mf.sample_batch(streams["train"], half, scale.seq_len, gen, device)
+        return torch.cat([raw, distill["train"][rows].long().to(device)])
+
+    train = mf.train_drafter(
+        drafter,
+        target,
+        streams["train"],
+        mf.heldout_chunks(streams["heldout"], scale.seq_len, scale.heldout_eval_chunks),
+        steps=cfg["steps"],
+        chunks=cfg["chunks"],
+        seq_len=scale.seq_len,
+        lr=cfg["lr"],
+        device=device,
+        seed=args.seed + 15,
+        loss_impl="fused" if device == "cuda" else "eager",
+        compile_drafter=False,
+        time_cap=cfg["time_cap"],
+        ttt_steps=cfg["ttt_steps"],
+        sample_fn=sample,
+    )
+    mf.save_drafter(drafter, out / "small-drafter", bf16=device == "cuda")
+    del target
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+    # Reference tau of the chain loop, in the served numeric class (bf16 on CUDA) and fp32.
+    r = scale.reference
+    prompts = [json.loads(line) for line in (out / "prompts.jsonl").open()][: r["prompts"]]
+    references = {}
+    dtypes = ("bfloat16", "float32") if device == "cuda" else ("float32",)
+    for dtype in dtypes:
+        summary = ref.evaluate_tau(
+            ref.load_target(out / "small-target", device=device, dtype=dtype),
+            ref.load_drafter(out / "small-drafter", device=device, dtype=dtype),
+            [p["input_ids"] for p in prompts],
+            num_steps=r["steps"],
+            max_new_tokens=r["max_new_tokens"],
+        )
+        (out / "reference").mkdir(exist_ok=True)
+        with (out / "reference" / f"drafter.{dtype}.jsonl").open("w") as fh:
+            for prompt, row in zip(prompts, summary.pop("per_prompt"), strict=True):
+                fh.write(json.dumps(mf._clean_floats({"id": prompt["id"], **row})) + "\n")
+        references[dtype] = {**summary, "per_prompt_file": f"reference/drafter.{dtype}.jsonl"}
+        mf.log(f"reference {dtype}: tau {summary['tau']:.3f} at {r['steps']} steps")
+    return {
+        "small_drafter": {
+            **mf.drafter_summary(drafter, "small-target", source),
+            "train": train,
+            "reference": references,
+        }
+    }
+
+
+# -- deepen -------------------------------------------------------------------------------
+
+# Tensors of an inserted layer that must be zero for it to be an identity residual block:
+# what attention and the MoE (routed and shared experts) write into the residual stream.
+IDENTITY_ZERO = re.compile(r"self_attn\.o_proj\.|mlp\.(shared_)?experts\..*down_proj")
+LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+
+
+def deepen_state_dict(
+    small: dict[str, torch.Tensor],
+    num_small: int,
+    placement: tuple[int, ...],
+    deep_layers: int,
+    template_layer: int,
+) -> dict[str, torch.Tensor]:
+    """Small layer i at deep layer placement[i]; every other deep layer a copy of the small
+    ``template_layer`` with its residual writes zeroed."""
+    if len(placement) != num_small or list(placement) != sorted(set(placement)):
+        raise ValueError(f"placement {placement} must be {num_small} increasing layer indices")
+    if placement[0] != 0 or placement[-1] >= deep_layers:
+        raise ValueError(f"placement {placement} must start at 0 and stay below {deep_layers}")
+    layers: dict[int, dict[str, torch.Tensor]] = {}
+    deep: dict[str, torch.Tensor] = {}
+    for key, tensor in small.items():
+        found = LAYER_KEY.match(key)
+        if found:
+            layers.setdefault(int(found.group(1)), {})[found.group(2)] = tensor
+        else:
+            deep[key] = tensor
+    where = {deep_index: small_index for small_index, deep_index in enumerate(placement)}
+    zeroed = 0
+    for j in range(deep_layers):
+        if j in where:
+            source = layers[where[j]]
+        else:
+            source = {}
+            for name, tensor in layers[template_layer].items():
+                if IDENTITY_ZERO.search(name):
+                    tensor, zeroed = torch.zeros_like(tensor), zeroed + 1
+                source[name] = tensor
+        for name, tensor in source.items():
+            deep[f"model.layers.{j}.{name}"] = tensor.clone()
+    if deep_layers > num_small and zeroed == 0:
+        raise ValueError("no o_proj / down_proj tensor found to zero: unknown checkpoint layout")
+    return deep
+
+
+def write_deep_target(small_dir: Path, deep_dir: Path, scale: MlaScale) -> dict[str, Any]:
+    from safetensors.torch import load_file, save_file
+
+    config = json.loads((small_dir / "config.json").read_text())
+    files = sorted(small_dir.glob("*.safetensors"))
+    small: dict[str, torch.Tensor] = {}
+    for path in files:
+        small.update(load_file(str(path)))
+    first_moe = int(config["first_k_dense_replace"])
+    deep = deepen_state_dict(
+        small, config["num_hidden_layers"], scale.placement, scale.deep_layers, first_moe
+    )
+    if deep_dir.exists():
+        shutil.rmtree(deep_dir)
+    shutil.copytree(small_dir, deep_dir, ignore=shutil.ignore_patterns("*.safetensors*"))
+    save_file(deep, str(deep_dir / "model.safetensors"), metadata={"format": "pt"})
+    config["num_hidden_layers"] = scale.deep_layers
+    (deep_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return {
+        "dir": deep_dir.name,
+        "num_layers": scale.deep_layers,
+        "placement": list(scale.placement),
+        "identity_template_layer": first_moe,
+        "params": sum(t.numel() for t in deep.values()),
+        "rule": "small layer i at deep layer placement[i]; the others are identity residual "
+        "blocks (o_proj and every down_proj zero)",
+    }
+
+
+def write_deep_drafter(small_dir: Path, deep_dir: Path, aux_ids: list[int], target: Path):
+    if deep_dir.exists():
+        shutil.rmtree(deep_dir)
+    shutil.copytree(small_dir, deep_dir)
+    config = json.loads((deep_dir / "config.json").read_text())
+    config["eagle_aux_hidden_state_layer_ids"] = aux_ids
+    verifier = config.get("speculators_config", {}).get("verifier", {})
+    if verifier:
+        verifier["name_or_path"] = str(target)
+    (deep_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def write_seed_drafter(deep_drafter: Path, seed_dir: Path, target: Path, ids: list[int]):
+    """The seed's configuration: the trained drafter in SGLang's format, its fc built for the
+    layers it was trained on (``num_aux_hidden_states``, which SGLang's llama_eagle3 reads),
+    while ``eagle_config`` asks the target to capture one layer. Stock SGLang loads every
+    weight, the target hands over one layer as wide as the drafter, and
+    ``if hidden_states.shape[-1] != embeds.shape[-1]`` skips fc without a word."""
+    from sglang_ext.convert import convert
+
+    if seed_dir.exists():
+        shutil.rmtree(seed_dir)
+    differences = convert(deep_drafter, seed_dir, target=target, force=True)
+    config = json.loads((seed_dir / "config.json").read_text())
+    trained = len(config["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
+    config["num_aux_hidden_states"] = trained
+    config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = ids
+    (seed_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return {
+        "dir": seed_dir.name,
+        "eagle_aux_hidden_state_layer_ids": ids,
+        "converted_differences": differences,
+    }
+
+
+@torch.no_grad()
+def function_check(small_dir: Path, deep_dir: Path, chunks: torch.Tensor, device: str) -> dict:
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    small = load_dsv3(small_dir, device, dtype)
+    deep = load_dsv3(deep_dir, device, dtype)
+    max_diff, agree = 0.0, []
+    for i in range(len(chunks)):
+        x = chunks[i : i + 1].to(device)
+        a, b = small(input_ids=x).logits.float(), deep(input_ids=x).logits.float()
+        max_diff = max(max_diff, (a - b).abs().max().item())
+        agree.append((a.argmax(-1) == b.argmax(-1)).float().mean().item())
+    return {
+        "dtype": str(dtype).replace("torch.", ""),
+        "tokens": int(chunks.numel()),
+        "max_abs_diff": round(max_diff, 6),
+        "top1_agreement": round(sum(agree) / len(agree), 6),
+    }
+
+
+def stage_deepen(args, scale: MlaScale) -> dict[str, Any]:
+    out = args.out
+    target = write_deep_target(out / "small-target", out / "deep-target", scale)
+    ids = deep_aux_ids(scale)
+    write_deep_drafter(out / "small-drafter", out / "deep-drafter", ids, out / "deep-target")
+    seed = write_seed_drafter(
+        out / "deep-drafter", out / "seed-drafter", out / "deep-target", list(scale.seed_aux_ids)
+    )
+    streams = torch.load(out / "streams.pt")
+    chunks = mf.heldout_chunks(streams["heldout"], scale.seq_len, scale.check_chunks)
+    check = function_check(out / "small-target", out / "deep-target", chunks, args.device)
+    mf.log(f"deep target: {json.dumps(check)}")
+    return {
+        "deep_target": target,
+        "deep_drafter": {
+            "dir": "deep-drafter",
+            "eagle_aux_hidden_state_layer_ids": ids,
+            "small_aux_ids": list(scale.aux_ids),
+        },
+        "seed_drafter": seed,
+        "function_check": check,
+    }
+
+
+STAGES = {"base": stage_base, "drafter": stage_drafter, "deepen": stage_deepen}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--stage", choices=(*STAGES, "all"), required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--scale", choices=sorted(SCALES), default="full")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--draft-attn-impl", default="sdpa")
+    args = parser.parse_args(argv)
+    args.out = args.out.resolve()
+    args.out.mkdir(parents=True, exist_ok=True)
+    scale = SCALES[args.scale]
+    torch.set_float32_matmul_precision("high")
+    if args.device == "cpu":
+        torch.set_num_threads(2)
+    for stage in list(STAGES) if args.stage == "all" else [args.stage]:
+        t0 = time.perf_counter()
+        result = STAGES[stage](args, scale)
+        result.update(
+            stage=stage,
+            scale=scale.name,
+            wall_s=round(time.perf_counter() - t0, 2),
+            device=args.device,
+            device_name=msf._device_name(args.device),
+            versions=mf.versions(),
+            created_unix=int(time.time()),
+        )
+        mf.write_json(args.out / f"stage-{stage}.json", result)
+        mf.log(f"stage {stage} done in {result['wall_s']} s")
+    merged = {
+        path.stem.removeprefix("stage-"): json.loads(path.read_text())
+        for path in sorted(args.out.glob("stage-*.json"))
+    }
+    mf.write_json(args.out / "mla-fixtures.json", {"schema_version": 1, "stages": merged})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

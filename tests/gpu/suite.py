@@ -1,0 +1,328 @@
+"""The GPU suite's servers and shared measurements: real SGLang servers on a trained target
+and speculators-trained drafters (scripts/make_fixtures.py -> $SGLANG_EXT_FIXTURES) and the
+seed case's MLA + MoE target (scripts/make_mla_fixtures.py -> $SGLANG_EXT_MLA_FIXTURES).
+
+All servers start in parallel (small --mem-fraction-static each) and are torn down at the
+end. Every run writes tests/gpu/results/integration-<date>-<gpu>.json (or into
+$SGLANG_EXT_RESULTS_DIR) with the figures each test measured.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from harness import OUTCOMES, STOCK_ENV, Server, start_all
+from lossless import self_bound
+
+FIXTURES = Path(os.environ.get("SGLANG_EXT_FIXTURES", "/tmp/fixtures"))
+MLA_FIXTURES = Path(os.environ.get("SGLANG_EXT_MLA_FIXTURES", "/tmp/mla"))
+RESULTS_DIR = Path(os.environ.get("SGLANG_EXT_RESULTS_DIR", Path(__file__).parent / "results"))
+LOG_DIR = Path(os.environ.get("SGLANG_EXT_LOG_DIR", "/tmp/sglang-ext-logs"))
+PATCHED_SITE = os.environ.get("SGLANG_EXT_PATCHED_SITE")  # dir holding a patched `sglang`
+STARTUP_TIMEOUT = float(os.environ.get("SGLANG_EXT_STARTUP_TIMEOUT", "420"))
+MAX_NEW_TOKENS = 256
+LOSSLESS_PROMPTS = 32  # x 256 tokens at concurrency 1 (llama); the MLA case uses 32 x 128
+MLA_NEW_TOKENS = 128
+JSONL = LOG_DIR / "acceptance-plugin.jsonl"
+ALARM_JSONL = LOG_DIR / "acceptance-random.jsonl"
+CHAIN, TREE = (3, 1, 4), (3, 4, 5)  # the seed ran topk 4 with 5 draft tokens
+
+RESULTS: dict = {}
+
+
+def gpu_info() -> dict:
+    import pynvml
+
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+
+    def text(value):
+        return value.decode() if isinstance(value, bytes) else value
+
+    info = {
+        "name": text(pynvml.nvmlDeviceGetName(handle)),
+        "driver": text(pynvml.nvmlSystemGetDriverVersion()),
+        "memory_total_mib": pynvml.nvmlDeviceGetMemoryInfo(handle).total // 2**20,
+        "sm_clock_max_mhz": pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM),
+        "mem_clock_max_mhz": pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_MEM),
+        "sm_clock_now_mhz": pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
+        "count": pynvml.nvmlDeviceGetCount(),
+    }
+    pynvml.nvmlShutdown()
+    return info
+
+
+def gpu_count_safe() -> int:
+    try:
+        return gpu_count()
+    except Exception:  # noqa: BLE001 - no torch/CUDA: the test is skipped anyway
+        return 0
+
+
+def gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def versions() -> dict:
+    from importlib.metadata import version
+
+    import torch
+
+    out = {"python": sys.version.split()[0], "torch": torch.__version__}
+    for name in (
+        "sglang",
+        "sglang-ext",
+        "transformers",
+        "speculators",
+        "sglang-kernel",
+        "flashinfer-python",
+        "triton",
+    ):
+        try:
+            out[name] = version(name)
+        except Exception:  # noqa: BLE001 - report absence
+            out[name] = None
+    return out
+
+
+def load_prompts(root: Path = FIXTURES) -> list[dict]:
+    with (root / "prompts.jsonl").open() as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def reference(name: str) -> dict[str, dict]:
+    path = FIXTURES / "reference" / f"{name}.jsonl"
+    with path.open() as handle:
+        return {row["id"]: row for row in map(json.loads, handle) if row}
+
+
+def tau_of(rows) -> float:
+    accepted = sum(sum(r["accepted"]) for r in rows)
+    cycles = sum(r["cycles"] for r in rows)
+    return (accepted + cycles) / cycles
+
+
+def served_tau(outputs: list[dict]) -> float:
+    """Accept length from meta_info: (accepted draft tokens + verify steps) / verify steps.
+
+    `spec_accepted_draft_tokens` is added by sglang_ext's metrics (and by the patch series);
+    without it, (completion_tokens - 1) counts the same tokens except where the last verify
+    step was cut at max_new_tokens."""
+    accepted = verify = 0
+    for out in outputs:
+        meta = out["meta_info"]
+        verify += meta["spec_verify_ct"]
+        accepted += meta.get(
+            "spec_accepted_draft_tokens", meta["completion_tokens"] - 1 - meta["spec_verify_ct"]
+        )
+    return (accepted + verify) / verify
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    if not (FIXTURES / "prompts.jsonl").exists():
+        pytest.skip(f"no fixtures in {FIXTURES}: run scripts/make_fixtures.py first")
+    from sglang_ext.convert import convert
+
+    converted = LOG_DIR / "converted-llama-drafter"
+    RESULTS["converted_differences"] = convert(
+        FIXTURES / "llama-drafter", converted, target=FIXTURES / "llama-target", force=True
+    )
+    llama, drafter = str(FIXTURES / "llama-target"), str(FIXTURES / "llama-drafter")
+    metrics_env = {"SGLANG_EXT_ACCEPTANCE_JSONL": str(JSONL)}
+    port = iter(range(31001, 31100))
+    servers = [
+        Server("nospec", llama, next(port), max_bs=32),
+        Server("plugin", llama, next(port), drafter, ["--enable-metrics"], metrics_env, max_bs=32),
+        Server(
+            "plugin_nometrics",
+            llama,
+            next(port),
+            drafter,
+            env={"SGLANG_EXT_METRICS": "0"},
+            max_bs=32,
+        ),
+        Server("stock_speculators", llama, next(port), drafter, env=STOCK_ENV),
+        Server("stock_converted", llama, next(port), str(converted), env=STOCK_ENV),
+        Server(
+            "guard_plugin",
+            str(FIXTURES / "llama4layer-target"),
+            next(port),
+            str(FIXTURES / "llama4layer-sglang-drafter"),
+        ),
+        Server(
+            "guard_stock",
+            str(FIXTURES / "llama4layer-target"),
+            next(port),
+            str(FIXTURES / "llama4layer-sglang-drafter"),
+            env=STOCK_ENV,
+        ),
+        Server(
+            "random",
+            llama,
+            next(port),
+            str(FIXTURES / "random-drafter"),
+            ["--enable-metrics"],
+            {"SGLANG_EXT_ACCEPTANCE_JSONL": str(ALARM_JSONL)},
+        ),
+        Server("three_layer", llama, next(port), str(FIXTURES / "llama-drafter-3layer")),
+        Server(
+            "qwen3", str(FIXTURES / "qwen3-target"), next(port), str(FIXTURES / "qwen3-drafter")
+        ),
+        Server("dsv3", str(FIXTURES / "dsv3-target"), next(port), str(FIXTURES / "dsv3-drafter")),
+    ]
+    if PATCHED_SITE:
+        pythonpath = f"{PATCHED_SITE}:{os.environ.get('PYTHONPATH', '')}"
+        servers.append(
+            Server(
+                "patched",
+                llama,
+                next(port),
+                drafter,
+                env={**STOCK_ENV, "PYTHONPATH": pythonpath},
+                max_bs=4,
+            )
+        )
+    servers += mla_servers(port)
+    if gpu_count() >= 2:
+        # Throughput pairs stay together on GPU 0; the checks that only need a server move to
+        # GPU 1; TP=2 spans both.
+        for server in servers:
+            if server.name in (
+                "stock_speculators",
+                "guard_plugin",
+                "guard_stock",
+                "random",
+                "three_layer",
+                "qwen3",
+                "dsv3",
+            ):
+                server.gpu = 1
+        servers.append(Server("tp2", llama, next(port), drafter, ["--tp-size", "2"]))
+    for server in servers:
+        server.log_dir = LOG_DIR
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    for path in (JSONL, ALARM_JSONL):
+        path.unlink(missing_ok=True)
+    started = time.time()
+    statuses = start_all(servers, STARTUP_TIMEOUT)
+    RESULTS["startup"] = {
+        "wall_s": round(time.time() - started, 1),
+        "servers": {
+            s.name: {
+                "status": s.status,
+                "ready_after_s": s.ready_after_s,
+                "command": " ".join(s.command()),
+                "env": s.env,
+            }
+            for s in servers
+        },
+    }
+    try:
+        yield {s.name: s for s in servers}
+    finally:
+        for server in servers:
+            server.stop()
+        write_results(statuses)
+
+
+def mla_servers(port) -> list[Server]:
+    """The seed case (scripts/make_mla_fixtures.py): 61-layer MLA + MoE target, no
+    speculation; the plugin with the drafter's trained capture, chain and tree; and the seed's
+    configuration (one aux layer as wide as the drafter) under stock SGLang and the plugin."""
+    if not (MLA_FIXTURES / "deep-target").exists():
+        return []
+    target = str(MLA_FIXTURES / "deep-target")
+    drafter, seed = str(MLA_FIXTURES / "deep-drafter"), str(MLA_FIXTURES / "seed-drafter")
+    fraction = 0.06
+    return [
+        Server("mla_nospec", target, next(port), mem_fraction=fraction, max_bs=8),
+        Server("mla_chain", target, next(port), drafter, mem_fraction=fraction, spec=CHAIN),
+        Server("mla_tree", target, next(port), drafter, mem_fraction=fraction, spec=TREE),
+        Server(
+            "mla_stock_seed",
+            target,
+            next(port),
+            seed,
+            env=STOCK_ENV,
+            mem_fraction=fraction,
+            spec=TREE,
+        ),
+        Server("mla_guard_seed", target, next(port), seed, mem_fraction=fraction, spec=TREE),
+    ]
+
+
+@pytest.fixture(scope="session")
+def llama_baseline(cluster):
+    """No-speculation outputs at concurrency 1 (top-2 logprobs) and the near-tie bound from
+    the same server against itself at concurrency 8 (see lossless.py)."""
+    return _baseline(cluster["nospec"], load_prompts()[:LOSSLESS_PROMPTS], MAX_NEW_TOKENS, "llama")
+
+
+@pytest.fixture(scope="session")
+def mla_baseline(cluster):
+    if "mla_nospec" not in cluster:
+        pytest.skip(f"no MLA fixtures in {MLA_FIXTURES}: run scripts/make_mla_fixtures.py")
+    prompts = load_prompts(MLA_FIXTURES)[:LOSSLESS_PROMPTS]
+    return _baseline(cluster["mla_nospec"], prompts, MLA_NEW_TOKENS, "mla")
+
+
+def _baseline(server: Server, prompts: list[dict], max_new_tokens: int, name: str) -> dict:
+    assert server.status == "ready", server.log_text()[-3000:]
+    ids = [p["input_ids"] for p in prompts]
+    c1 = server.generate_many(ids, max_new_tokens, concurrency=1, top_logprobs=2)
+    c8 = server.generate_many(ids, max_new_tokens, concurrency=8)
+    bound = self_bound(c1, c8)
+    RESULTS.setdefault("lossless_bound", {})[name] = {
+        **bound,
+        "max_new_tokens": max_new_tokens,
+        "rule": "no-speculation server vs itself, concurrency 8 vs 1: largest top-2 logprob "
+        "margin at a first divergence",
+    }
+    return {
+        "prompts": prompts,
+        "ids": ids,
+        "c1": c1,
+        "bound": bound["bound"],
+        "max_new_tokens": max_new_tokens,
+    }
+
+
+def write_results(statuses) -> None:
+    try:
+        gpu = gpu_info()
+    except Exception as exc:  # noqa: BLE001 - the file must still be written
+        gpu = {"name": "unknown", "error": repr(exc)}
+    found = versions()
+    now = dt.datetime.now(dt.UTC)
+    gpu_slug = re.sub(r"[^A-Za-z0-9]+", "-", gpu.get("name", "gpu")).strip("-").lower()
+    data = {
+        "date": now.isoformat(timespec="seconds"),
+        "gpu": gpu,
+        "sglang_version": found.get("sglang"),
+        "torch_version": found.get("torch"),
+        "versions": found,
+        "command": " ".join([sys.executable, "-m", "pytest", *sys.argv[1:]]),
+        "flags": {
+            "base": Server("x", "m", 0).command()[9:],
+            "note": "per-server extras in "
+            "startup.servers.*.command; attention backend: triton for every figure",
+        },
+        "attention_backend": "triton",
+        "outcomes": dict(OUTCOMES),
+        **RESULTS,
+    }
+    data.setdefault("tp2", {"tau_served": None, "note": "not run (fewer than 2 GPUs)"})
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RESULTS_DIR / f"integration-{now.date().isoformat()}-{gpu_slug}.json"
+    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    print(f"\nresults written to {path}")
