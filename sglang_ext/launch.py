@@ -72,6 +72,11 @@ class Server:
     started_at: float = 0.0
     ready_after_s: float | None = None
     spec: tuple[int, int, int] = DEFAULT_SPEC  # used only when `draft` is set
+    # A fixed KV pool. SGLang sizes the pool from free memory measured before and after
+    # loading (kv_cache_configurator._profile_available_bytes); servers starting together
+    # move each other's measurement, so a low --mem-fraction-static fails at random. A high
+    # fraction with a fixed --max-total-tokens keeps each pool small and the check passing.
+    max_total_tokens: int | None = None
     attention_backend: str = "triton"
 
     @property
@@ -105,6 +110,8 @@ class Server:
             cmd += ["--speculative-draft-model-path", self.draft, *spec_flags(self.spec)]
         if self.gpu:
             cmd += ["--base-gpu-id", str(self.gpu)]
+        if self.max_total_tokens:
+            cmd += ["--max-total-tokens", str(self.max_total_tokens)]
         return cmd + self.extra
 
     def start(self) -> None:

@@ -19,7 +19,7 @@ import pytest
 from lossless import verdict
 from suite import CHAIN, MLA_FIXTURES, MLA_NEW_TOKENS, RESULTS, TREE, load_prompts, served_tau
 
-SPEED_PROMPTS, SPEED_TOKENS, SPEED_ROUNDS = 8, 256, 2
+SPEED_PROMPTS, SPEED_TOKENS, SPEED_ROUNDS = 6, 256, 2
 
 
 def setting(spec) -> str:
