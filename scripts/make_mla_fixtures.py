@@ -75,6 +75,23 @@ class MlaScale:
     prompt_len: tuple[int, int] = (128, 256)
     reference: dict[str, int] = dataclasses.field(default_factory=dict)
     check_chunks: int = 8
+    served: bool = True  # the target must fit SGLang's triton MLA decode (CPU tests: False)
+
+
+# SGLang's triton MLA decode kernel (sglang/kernels/ops/attention/decode_attention.py,
+# 0.5.17) splits the latent key only for kv_lora_rank + qk_rope_head_dim of 576 (512 + 64,
+# DeepSeek-V3) or 288 (256 + 32); any other sum fails to compile at CUDA-graph capture
+# ("Cannot make_shape_compatible ... 64 and 128" for 64 + 16 on the H200, 2026-11-30).
+SGLANG_TRITON_MLA_LK = (576, 288)
+
+
+def check_served_geometry(cfg: dict[str, Any]) -> None:
+    lk = cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]
+    if lk not in SGLANG_TRITON_MLA_LK:
+        raise SystemExit(
+            f"kv_lora_rank {cfg['kv_lora_rank']} + qk_rope_head_dim {cfg['qk_rope_head_dim']} "
+            f"= {lk}: SGLang's triton MLA decode serves only {SGLANG_TRITON_MLA_LK}"
+        )
 
 
 def _dsv3(layers, hidden, inter, moe_inter, heads, experts, q_lora, kv_lora, rope, nope, v):
@@ -102,7 +119,8 @@ FULL = MlaScale(
     vocab_size=8192,
     seq_len=512,
     train_char_budget=None,
-    target=_dsv3(6, 384, 1024, 192, 8, 8, 128, 64, 16, 32, 32),
+    # kv_lora_rank + qk_rope_head_dim = 288: see SGLANG_TRITON_MLA_LK.
+    target=_dsv3(6, 384, 1024, 192, 8, 8, 128, 256, 32, 32, 32),
     target_train=dict(steps=1200, batch=64, lr=1.5e-3, time_cap=150),
     distill=dict(sequences=2048, prompt_len=128, batch=512, heldout_sequences=64),
     drafter_train=dict(steps=1800, chunks=8, lr=2e-3, ttt_steps=3, time_cap=150),
@@ -128,6 +146,7 @@ TINY = MlaScale(
     prompt_len=(32, 48),
     reference=dict(prompts=2, max_new_tokens=8, steps=3),
     check_chunks=2,
+    served=False,
 )
 SCALES = {"full": FULL, "tiny": TINY}
 
@@ -145,6 +164,8 @@ def deep_aux_ids(scale: MlaScale) -> list[int]:
 
 def stage_base(args, scale: MlaScale) -> dict[str, Any]:
     out, device = args.out, args.device
+    if scale.served:
+        check_served_geometry(scale.target)
     t0 = time.perf_counter()
     mf.seed_all(args.seed)
     corpus = mf.collect_sources()

@@ -106,3 +106,9 @@ def test_seed_configuration_stock_skips_fc_plugin_refuses_naming_both_widths(mla
     widths = [e for e in report["errors"] if e.startswith("widths:")]
     assert widths and f"{hidden} features" in widths[0] and f"= {3 * hidden}" in widths[0]
     assert "fusion silently skipped" in report["stock_sglang"]["summary"]
+
+
+def test_served_geometry_fits_sglang_triton_mla_decode(mla_script):
+    mla_script.check_served_geometry(mla_script.FULL.target)
+    with pytest.raises(SystemExit, match="= 80"):  # the 2026-11-30 fixture's 64 + 16
+        mla_script.check_served_geometry({"kv_lora_rank": 64, "qk_rope_head_dim": 16})
