@@ -8,9 +8,9 @@
 #   bash scripts/gpu_node.sh patched VERSION     patched copy of SGLang in /tmp/site_patched
 #   bash scripts/gpu_node.sh test [pytest args]  pytest -m gpu tests/gpu (results -> $OUT)
 #
-# Speed benchmark (issue 7), chunks from the training-first split .wh/s1..s4:
+# Speed benchmark (issue 7), chunks from the training-first split .wh/s1..sN:
 #   bash scripts/gpu_node.sh speed-start [bench args]
-#                                                stage s1 s4, install the training subset into
+#                                                stage s1, install the training subset into
 #                                                /tmp/site-train, start fixtures + benchmark in
 #                                                the background (setsid; runs while warm)
 #   bash scripts/gpu_node.sh stage s2; ... stage s3 && bash scripts/gpu_node.sh install
@@ -20,11 +20,11 @@
 #
 # The whole GPU suite with the seed case (issue 11), chunks from the training-first split:
 #   bash scripts/gpu_node.sh suite-start [pytest args]
-#                                                stage s1 s4, install the training subset, start
+#                                                stage s1, install the training subset, start
 #                                                make_fixtures (bf16 reference) || make_mla_fixtures,
 #                                                then (after `install`) the patched copy and
 #                                                pytest -m gpu, detached
-#   bash scripts/gpu_node.sh stage s2; ... stage s3 && bash scripts/gpu_node.sh install
+#   bash scripts/gpu_node.sh stage s2 ...; stage sN && bash scripts/gpu_node.sh install
 #   bash scripts/gpu_node.sh suite-wait [SECS]   watch; results + fixture manifests -> $OUT
 #
 # Wheel chunks come from: python scripts/wheelhouse.py build --profile h200-cu130-py312 --out .wh
@@ -39,11 +39,11 @@ export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 copy_repo() {
     rm -rf /tmp/repo && mkdir /tmp/repo && cp -r scripts sglang_ext tests patches pyproject.toml /tmp/repo/
 }
-# The training subset (chunks s1 + s4) into its own site, so fixtures start before SGLang is in.
+# The training subset (chunk s1) into its own site, so fixtures start before SGLang is in.
 train_site() {
-    mkdir -p "$WH" && cp .wh/s1/*.whl .wh/s4/*.whl "$WH"/
+    mkdir -p "$WH" && cp .wh/s1/*.whl "$WH"/
     python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$TRAIN_SITE" \
-        .wh/s1/*.whl .wh/s4/*.whl
+        .wh/s1/*.whl
 }
 
 step=${1:?usage: gpu_node.sh stage|install|fixtures|patched|test}

@@ -598,12 +598,13 @@ def plan_chunks(
     return [sorted(chunk) for chunk in chunks]
 
 
-# What the speed pipeline trains with before SGLang is installed (scripts/gpu_node.sh
-# speed-start): transformers/tokenizers pinned like SGLang's, speculators and what it imports.
+# What the fixture pipelines train with before SGLang is installed (scripts/gpu_node.sh
+# speed-start / suite-start carry chunk s1 alone): transformers/tokenizers pinned like
+# SGLang's, speculators and what it imports (speculators.train.data imports openai).
 TRAINING_FIRST = (
     "transformers", "tokenizers", "speculators", "datasets", "hs-connectors", "multiprocess",
     "pydantic-settings", "python-dotenv", "pydantic", "pydantic-core", "annotated-types",
-    "typing-inspection", "loguru", "dill",
+    "typing-inspection", "loguru", "dill", "openai", "distro", "jiter", "sniffio",
 )
 
 
