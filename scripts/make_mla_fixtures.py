@@ -27,7 +27,9 @@ Stages (``--stage``), each writing into ``--out``:
            configuration -- the drafter in SGLang's own format (``sglang-ext convert
            --force``) whose eagle_config names ONE aux layer while its fc keeps the trained
            three, so the target hands over one layer as wide as the drafter and stock SGLang
-           skips fc without a word.
+           skips fc without a word; and seed-nocapture-drafter/: the same with
+           ``use_aux_hidden_state: false``, so the target captures nothing and hands over its
+           final hidden state (what a target class that never switches capture on does).
 
     python scripts/make_mla_fixtures.py --stage all --out /tmp/mla --device cuda
 """
@@ -397,12 +399,16 @@ def write_deep_drafter(small_dir: Path, deep_dir: Path, aux_ids: list[int], targ
     (deep_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
-def write_seed_drafter(deep_drafter: Path, seed_dir: Path, target: Path, ids: list[int]):
+def write_seed_drafter(
+    deep_drafter: Path, seed_dir: Path, target: Path, ids: list[int], capture: bool = True
+):
     """The seed's configuration: the trained drafter in SGLang's format, its fc built for the
     layers it was trained on (``num_aux_hidden_states``, which SGLang's llama_eagle3 reads),
     while ``eagle_config`` asks the target to capture one layer. Stock SGLang loads every
     weight, the target hands over one layer as wide as the drafter, and
-    ``if hidden_states.shape[-1] != embeds.shape[-1]`` skips fc without a word."""
+    ``if hidden_states.shape[-1] != embeds.shape[-1]`` skips fc without a word. With
+    ``capture=False`` the config switches capture off instead (``use_aux_hidden_state``, read
+    by SGLang's spec_aux_hidden_state.py): the target hands over its final hidden state."""
     from sglang_ext.convert import convert
 
     if seed_dir.exists():
@@ -412,10 +418,12 @@ def write_seed_drafter(deep_drafter: Path, seed_dir: Path, target: Path, ids: li
     trained = len(config["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
     config["num_aux_hidden_states"] = trained
     config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = ids
+    config["eagle_config"]["use_aux_hidden_state"] = capture
     (seed_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return {
         "dir": seed_dir.name,
         "eagle_aux_hidden_state_layer_ids": ids,
+        "use_aux_hidden_state": capture,
         "converted_differences": differences,
     }
 
@@ -447,6 +455,9 @@ def stage_deepen(args, scale: MlaScale) -> dict[str, Any]:
     seed = write_seed_drafter(
         out / "deep-drafter", out / "seed-drafter", out / "deep-target", list(scale.seed_aux_ids)
     )
+    nocapture = write_seed_drafter(
+        out / "deep-drafter", out / "seed-nocapture-drafter", out / "deep-target", ids, False
+    )
     streams = torch.load(out / "streams.pt")
     chunks = mf.heldout_chunks(streams["heldout"], scale.seq_len, scale.check_chunks)
     check = function_check(out / "small-target", out / "deep-target", chunks, args.device)
@@ -459,6 +470,7 @@ def stage_deepen(args, scale: MlaScale) -> dict[str, Any]:
             "small_aux_ids": list(scale.aux_ids),
         },
         "seed_drafter": seed,
+        "seed_nocapture_drafter": nocapture,
         "function_check": check,
     }
 

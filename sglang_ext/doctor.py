@@ -253,7 +253,13 @@ def predict_stock(spec: DrafterSpec, tensors, target: TargetInfo | None) -> dict
             notes.append(f"silently skips {len(skipped)} tensor(s)")
         if uninitialised:
             notes.append(f"leaves {len(uninitialised)} parameter(s) at random init")
-    if target is not None:
+    if not spec.use_aux_hidden_state:
+        width = target.hidden_size if target is not None else spec.fc_input_hidden_size
+        notes.append(
+            "fusion silently skipped: use_aux_hidden_state is false, so the target hands over "
+            f"its final hidden state, {width} wide (accept length ~1.00)"
+        )
+    elif target is not None:
         captured = spec.captured_layers(target)
         distinct = len(set(k for k in captured if 0 <= k < target.num_hidden_layers))
         width = distinct * target.hidden_size

@@ -294,6 +294,9 @@ class DrafterSpec:
     aux_hidden_state_layer_ids: tuple[int, ...] | None
     aux_id_convention: Literal["speculators", "sglang"]
     num_aux_hidden_states: int
+    # eagle_config.use_aux_hidden_state (SGLang format): false switches the target's capture
+    # off, so it hands over its final hidden state alone (SGLang spec_aux_hidden_state.py).
+    use_aux_hidden_state: bool = True
     norm_before_residual: bool = False
     norm_before_fc: bool = False
     fc_norm: bool = False
@@ -349,6 +352,8 @@ class DrafterSpec:
         return captured_layers_from_sglang_ids(ids, rule, target.num_hidden_layers)
 
     def capture_problems(self, target: TargetInfo) -> list[str]:
+        if not self.use_aux_hidden_state:
+            return [self.no_capture_problem(target.hidden_size)]
         captured = self.captured_layers(target)
         problems = check_capture(
             captured, self.num_aux_hidden_states, target.num_hidden_layers, "aux layers"
@@ -373,6 +378,21 @@ class DrafterSpec:
                 "a decoder layer, so this drafter cannot be served by SGLang"
             )
         return problems
+
+    def no_capture_problem(self, target_hidden_size: int) -> str:
+        """eagle_config.use_aux_hidden_state false: the seed's failure, as a sentence."""
+        seed = (
+            ": one layer as wide as the drafter, where stock SGLang skips fc without a word "
+            "and the drafter runs on unfused features (accept length ~1)"
+            if target_hidden_size == self.hidden_size
+            else ""
+        )
+        return (
+            "eagle_config.use_aux_hidden_state is false: the target captures nothing and hands "
+            f"over its final hidden state, {target_hidden_size} wide{seed}, but fc reads "
+            f"{self.num_aux_hidden_states} x {self.fc_input_hidden_size} = "
+            f"{self.expected_target_feature_width}; set it true (or drop it)"
+        )
 
     def target_problems(self, target: TargetInfo) -> list[str]:
         """Hidden size, vocab and layer-count checks against a target."""
@@ -551,6 +571,7 @@ def _sglang_spec(config: Mapping[str, Any], cfg_file: Path) -> DrafterSpec:
         aux_hidden_state_layer_ids=aux,
         aux_id_convention="sglang",
         num_aux_hidden_states=int(num_aux),
+        use_aux_hidden_state=bool(eagle.get("use_aux_hidden_state", True)),
         norm_before_residual=False,
         norm_before_fc=bool(eagle.get("norm_before_fc", config.get("norm_before_fc", False))),
         fc_norm=bool(config.get("fc_norm") or config.get("use_aux_norm")),

@@ -33,6 +33,7 @@ from sglang_ext import compat
 from sglang_ext.fusion import FusionPolicy, check_algorithm
 from sglang_ext.loading import DrafterLoadError, LoadPlan, torch_dtype_name
 from sglang_ext.speculators_format import (
+    DrafterConfigError,
     DrafterSpec,
     _sglang_spec,
     config_path,
@@ -140,6 +141,11 @@ class LlamaForCausalLMEagle3(upstream.LlamaForCausalLMEagle3):
         spec = drafter_spec_for(config)
         args = compat.server_args()
         check_algorithm(getattr(args, "speculative_algorithm", None), spec.source)
+        if not spec.use_aux_hidden_state:  # the target would never capture: refuse now
+            raise DrafterConfigError(
+                f"EAGLE-3 drafter {spec.source}: "
+                + spec.no_capture_problem(spec.fc_input_hidden_size)
+            )
         super().__init__(config, quant_config=quant_config, prefix=prefix)
         self.spec = spec
         self.model.__class__ = Eagle3Model
@@ -185,7 +191,10 @@ class LlamaForCausalLMEagle3(upstream.LlamaForCausalLMEagle3):
             "EAGLE draft decode cannot apply a per-layer window, so it attends to the full "
             "context: identical for contexts up to %d tokens, lower acceptance (never wrong "
             "output) beyond",
-            spec.source, spec.sliding_window, list(spec.sliding_layers), spec.sliding_window,
+            spec.source,
+            spec.sliding_window,
+            list(spec.sliding_layers),
+            spec.sliding_window,
         )
 
     def set_embed(self, embed):

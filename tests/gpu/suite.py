@@ -255,6 +255,7 @@ def mla_servers(port) -> list[Server]:
         return []
     target = str(MLA_FIXTURES / "deep-target")
     drafter, seed = str(MLA_FIXTURES / "deep-drafter"), str(MLA_FIXTURES / "seed-drafter")
+    nocapture = str(MLA_FIXTURES / "seed-nocapture-drafter")
     fraction = 0.06
     return [
         Server("mla_nospec", target, next(port), mem_fraction=fraction, max_bs=8),
@@ -270,6 +271,24 @@ def mla_servers(port) -> list[Server]:
             spec=TREE,
         ),
         Server("mla_guard_seed", target, next(port), seed, mem_fraction=fraction, spec=TREE),
+        # The seed's other shape: capture switched off, the final hidden state handed over.
+        Server(
+            "mla_stock_nocapture",
+            target,
+            next(port),
+            nocapture,
+            env=STOCK_ENV,
+            mem_fraction=fraction,
+            spec=TREE,
+        ),
+        Server(
+            "mla_guard_nocapture",
+            target,
+            next(port),
+            nocapture,
+            mem_fraction=fraction,
+            spec=TREE,
+        ),
     ]
 
 

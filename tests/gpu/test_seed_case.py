@@ -171,6 +171,20 @@ def test_seed_case_stock_stalls_plugin_refuses_then_serves_faster(mla):
         "per_request_tok_s": {k: [round(v, 1) for v in vals] for k, vals in rates.items()},
         "attention_backend": "triton",
     }
+    # The seed's other shape (capture off): recorded for stock, refused by the plugin.
+    stock_off, guard_off = cluster["mla_stock_nocapture"], cluster["mla_guard_nocapture"]
+    off = {
+        "stock_status": stock_off.status,
+        "plugin_guard_status": guard_off.status,
+        "plugin_guard_error": _startup_error(guard_off),
+    }
+    if stock_off.status == "ready":
+        off["stock_tau"] = round(
+            served_tau(stock_off.generate_many(prompts, SPEED_TOKENS, concurrency=1)), 4
+        )
+    RESULTS["seed_case"]["nocapture"] = off
+    assert guard_off.status.startswith("exited") and off["plugin_guard_error"]
+    assert "use_aux_hidden_state is false" in off["plugin_guard_error"]
     # The plugin refuses the seed's configuration at startup, naming both widths.
     assert guard.status.startswith("exited"), guard.log_text()[-3000:]
     hidden = manifest["base"]["small_target"]["hidden_size"]
