@@ -27,6 +27,13 @@
 #   bash scripts/gpu_node.sh stage s2 ...; stage sN && bash scripts/gpu_node.sh install
 #   bash scripts/gpu_node.sh suite-wait [SECS]   watch; results + fixture manifests -> $OUT
 #
+# Files larger than a call (the unstripped sglang-kernel with FA3 + FlashMLA, torch 2.14.1):
+#   python scripts/ferry.py split FILE           here; then one call per part, back to back:
+#   bash scripts/gpu_node.sh ferry-recv          carry .ferry/FILE/part-KK + .ferry/FILE/manifest.json
+#   bash scripts/gpu_node.sh ferry-join LOCK     every complete file into /tmp/wh, checked against
+#                                                LOCK (sha256 or upstream-sha256); a stripped copy
+#                                                of the same name is set aside, then `install`
+#
 # Wheel chunks come from: python scripts/wheelhouse.py build --profile h200-cu130-py312 --out .wh
 set -euo pipefail
 WH=/tmp/wh SITE=/tmp/site FIX=/tmp/fixtures LOGS=/tmp/sglang-ext-logs MLA=/tmp/mla SUITE=/tmp/suite
@@ -53,6 +60,21 @@ stage)
     mkdir -p "$WH"
     for chunk in "$@"; do cp .wh/"$chunk"/*.whl "$WH"/; done
     echo "staged: $(find "$WH" -name '*.whl' | wc -l) wheels, $(du -sh "$WH" | cut -f1)"
+    ;;
+ferry-recv)
+    mkdir -p /tmp/ferry && cp -r .ferry/. /tmp/ferry/
+    for manifest in /tmp/ferry/*/manifest.json; do
+        python3 scripts/ferry.py status "$manifest" || true
+    done
+    ;;
+ferry-join)
+    lock=${1:?usage: gpu_node.sh ferry-join LOCK}
+    mkdir -p "$WH"
+    for manifest in /tmp/ferry/*/manifest.json; do
+        name=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["file"])' "$manifest")
+        [ -f "$WH/$name" ] && mv "$WH/$name" "$WH/$name.stripped"
+        python3 scripts/ferry.py join "$manifest" --out "$WH" --lock "$lock"
+    done
     ;;
 install)
     python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" "$WH"/*.whl

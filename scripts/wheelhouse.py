@@ -149,8 +149,11 @@ PROFILES: dict[str, Profile] = {
             "py-spy",
             "torchcodec",
         ],
-        # sm90 (H200) does not use the FA3 / FlashMLA ops nor the sm100 (Blackwell) kernels;
-        # without them sglang-kernel is ~22 MB and imports fine.
+        # Stripped for size, not because the H200 does without them: FA3 (flash_ops, 1070 MiB
+        # raw) is SGLang's attention backend of choice on Hopper and FlashMLA its MLA kernel
+        # there. Without them (and sm100, Blackwell only) sglang-kernel is ~22 MB and serves
+        # with the triton and flashinfer backends only. The unstripped wheel (its sha256 is
+        # the lock's upstream-sha256) travels in parts with scripts/ferry.py.
         strips=[
             "sglang-kernel:flash_ops.abi3.so",
             "sglang-kernel:flashmla_ops.abi3.so",

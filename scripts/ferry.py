@@ -1,0 +1,190 @@
+#!/usr/bin/env python
+"""Carry a file larger than one device call allows (64 MiB with the working tree) to the GPU
+node in parts, and put it together there, checked.
+
+    python scripts/ferry.py split FILE [--out .ferry] [--part-bytes 60000000]
+        -> .ferry/FILE_NAME/part-00 .. part-NN and manifest.json (name, size, sha256 of the
+           whole file and of each part). One part per device call, back to back (the node
+           keeps /tmp while warm): carry .ferry/FILE_NAME/part-KK and its manifest.json.
+    python scripts/ferry.py join MANIFEST --parts DIR --out DEST_DIR [--lock LOCK]
+        -> DEST_DIR/FILE_NAME, written under a temporary name and renamed only once every
+           part and the whole file match their sha256 (and, with --lock, the lock's sha256
+           or upstream-sha256 for that filename: a stripped wheel's lock line records the
+           upstream file's hash). An existing different file is never replaced.
+    python scripts/ferry.py status MANIFEST --parts DIR
+
+Stdlib only: it runs on the air-gapped node before anything is installed. Exit codes: 0 ok,
+1 a check failed (named: file, part, expected, found), 2 usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+
+PART_BYTES = 60_000_000  # 10^6-byte MB, like wheelhouse.py's chunks
+CHUNK = 1 << 20
+
+
+class FerryError(Exception):
+    """A check failed; the message names the file or part, what was expected and found."""
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(CHUNK), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def split(path: Path, out: Path, part_bytes: int = PART_BYTES) -> Path:
+    if not path.is_file():
+        raise FerryError(f"{path}: not a file")
+    if part_bytes <= 0:
+        raise FerryError(f"--part-bytes must be positive, found {part_bytes}")
+    folder = out / path.name
+    if folder.exists() and any(folder.iterdir()):
+        raise FerryError(f"{folder}: already holds parts; remove it to split again")
+    folder.mkdir(parents=True, exist_ok=True)
+    whole, parts, index = hashlib.sha256(), [], 0
+    with path.open("rb") as source:
+        while True:
+            data = source.read(part_bytes)
+            if not data:
+                break
+            whole.update(data)
+            name = f"part-{index:02d}"
+            (folder / name).write_bytes(data)
+            parts.append(
+                {"name": name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+            )
+            index += 1
+    manifest = {
+        "file": path.name,
+        "size": path.stat().st_size,
+        "sha256": whole.hexdigest(),
+        "part_bytes": part_bytes,
+        "parts": parts,
+    }
+    target = folder / "manifest.json"
+    target.write_text(json.dumps(manifest, indent=2) + "\n")
+    return target
+
+
+def read_manifest(path: Path) -> dict:
+    try:
+        manifest = json.loads(path.read_text())
+        for key in ("file", "size", "sha256", "parts"):
+            manifest[key]  # noqa: B018 - presence check
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise FerryError(f"{path}: not a ferry manifest ({exc})") from None
+    if Path(manifest["file"]).name != manifest["file"]:
+        raise FerryError(f"{path}: file name {manifest['file']!r} must not contain a path")
+    return manifest
+
+
+def missing_parts(manifest: dict, parts_dir: Path) -> list[str]:
+    return [p["name"] for p in manifest["parts"] if not (parts_dir / p["name"]).is_file()]
+
+
+def lock_hashes(lock: Path, filename: str) -> set[str]:
+    """The sha256 values a lock accepts for ``filename`` (installed and upstream)."""
+    for line in lock.read_text().splitlines():
+        fields = line.split()
+        if fields and fields[0] == filename:
+            attrs = dict(f.split("=", 1) for f in fields[1:] if "=" in f)
+            return {attrs[k] for k in ("sha256", "upstream-sha256") if k in attrs}
+    raise FerryError(f"{lock}: no line for {filename}")
+
+
+def join(manifest_path: Path, parts_dir: Path, out: Path, lock: Path | None = None) -> Path:
+    manifest = read_manifest(manifest_path)
+    missing = missing_parts(manifest, parts_dir)
+    if missing:
+        raise FerryError(f"{manifest['file']}: parts missing in {parts_dir}: {missing}")
+    accepted = lock_hashes(lock, manifest["file"]) if lock else None
+    if accepted is not None and manifest["sha256"] not in accepted:
+        raise FerryError(
+            f"{manifest['file']}: the manifest's sha256 {manifest['sha256']} is not the lock's "
+            f"({', '.join(sorted(accepted))})"
+        )
+    target = out / manifest["file"]
+    if target.exists():
+        found = sha256_of(target)
+        if found == manifest["sha256"]:
+            return target  # already there, same bytes
+        raise FerryError(
+            f"{target}: exists with sha256 {found}, not {manifest['sha256']}; not replaced"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    temporary = out / f".{manifest['file']}.ferry-tmp"
+    whole = hashlib.sha256()
+    try:
+        with temporary.open("wb") as sink:
+            for part in manifest["parts"]:
+                data = (parts_dir / part["name"]).read_bytes()
+                found = hashlib.sha256(data).hexdigest()
+                if len(data) != part["size"] or found != part["sha256"]:
+                    raise FerryError(
+                        f"{manifest['file']} {part['name']}: expected {part['size']} bytes "
+                        f"sha256 {part['sha256']}, found {len(data)} bytes sha256 {found}"
+                    )
+                whole.update(data)
+                sink.write(data)
+        if whole.hexdigest() != manifest["sha256"]:
+            raise FerryError(
+                f"{manifest['file']}: joined sha256 {whole.hexdigest()}, expected "
+                f"{manifest['sha256']}"
+            )
+        os.replace(temporary, target)
+    finally:
+        temporary.unlink(missing_ok=True)
+    return target
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("split", help="cut FILE into checked parts")
+    s.add_argument("file", type=Path)
+    s.add_argument("--out", type=Path, default=Path(".ferry"))
+    s.add_argument("--part-bytes", type=int, default=PART_BYTES)
+    j = sub.add_parser("join", help="put the parts together, checked")
+    j.add_argument("manifest", type=Path)
+    j.add_argument("--parts", type=Path, help="folder of the parts (default: the manifest's)")
+    j.add_argument("--out", type=Path, required=True)
+    j.add_argument("--lock", type=Path, help="a wheelhouse lock that must list the file")
+    t = sub.add_parser("status", help="which parts are here")
+    t.add_argument("manifest", type=Path)
+    t.add_argument("--parts", type=Path)
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "split":
+            manifest = split(args.file, args.out, args.part_bytes)
+            count = len(read_manifest(manifest)["parts"])
+            print(f"{manifest}: {count} part(s)")
+        elif args.command == "join":
+            parts = args.parts or args.manifest.parent
+            print(join(args.manifest, parts, args.out, args.lock))
+        else:
+            manifest = read_manifest(args.manifest)
+            missing = missing_parts(manifest, args.parts or args.manifest.parent)
+            print(
+                json.dumps(
+                    {"file": manifest["file"], "parts": len(manifest["parts"]), "missing": missing}
+                )
+            )
+            return 1 if missing else 0
+    except FerryError as exc:
+        print(f"ferry: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

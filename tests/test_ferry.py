@@ -1,0 +1,90 @@
+"""scripts/ferry.py: a file larger than one device call, carried in checked parts."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("ferry", ROOT / "scripts" / "ferry.py")
+ferry = importlib.util.module_from_spec(spec)
+sys.modules["ferry"] = ferry
+spec.loader.exec_module(ferry)
+
+NAME = "sglang_kernel-0.4.5-cp310-abi3-manylinux2014_x86_64.whl"
+
+
+@pytest.fixture
+def wheel(tmp_path):
+    path = tmp_path / "src" / NAME
+    path.parent.mkdir()
+    path.write_bytes(os.urandom(2_500_000))
+    return path
+
+
+def test_split_then_join_gives_the_same_bytes(wheel, tmp_path):
+    manifest = ferry.split(wheel, tmp_path / "ferry", part_bytes=1_000_000)
+    data = json.loads(manifest.read_text())
+    assert [p["size"] for p in data["parts"]] == [1_000_000, 1_000_000, 500_000]
+    assert data["sha256"] == hashlib.sha256(wheel.read_bytes()).hexdigest()
+    out = ferry.join(manifest, manifest.parent, tmp_path / "wh")
+    assert out.read_bytes() == wheel.read_bytes()
+    assert ferry.join(manifest, manifest.parent, tmp_path / "wh") == out  # same bytes: no-op
+
+
+def test_a_corrupt_part_is_named_and_nothing_is_written(wheel, tmp_path):
+    manifest = ferry.split(wheel, tmp_path / "ferry", part_bytes=1_000_000)
+    part = manifest.parent / "part-01"
+    part.write_bytes(b"x" + part.read_bytes()[1:])
+    with pytest.raises(ferry.FerryError, match=f"{NAME} part-01: expected 1000000 bytes"):
+        ferry.join(manifest, manifest.parent, tmp_path / "wh")
+    assert list((tmp_path / "wh").iterdir()) == []
+
+
+def test_missing_parts_are_listed(wheel, tmp_path):
+    manifest = ferry.split(wheel, tmp_path / "ferry", part_bytes=1_000_000)
+    (manifest.parent / "part-02").unlink()
+    assert ferry.main(["status", str(manifest)]) == 1
+    with pytest.raises(ferry.FerryError, match=r"parts missing .*\['part-02'\]"):
+        ferry.join(manifest, manifest.parent, tmp_path / "wh")
+
+
+def test_the_lock_must_list_the_file_by_sha256_or_upstream_sha256(wheel, tmp_path):
+    manifest = ferry.split(wheel, tmp_path / "ferry", part_bytes=1_000_000)
+    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    lock = tmp_path / "node.lock"
+    lock.write_text(f"# lock\n{NAME} sha256={'0' * 64} size=1 upstream-sha256={digest}\n")
+    assert ferry.join(manifest, manifest.parent, tmp_path / "wh", lock).exists()
+    lock.write_text(f"{NAME} sha256={'0' * 64} size=1\n")
+    with pytest.raises(ferry.FerryError, match="is not the lock's"):
+        ferry.join(manifest, manifest.parent, tmp_path / "wh2", lock)
+    lock.write_text("other.whl sha256=0 size=1\n")
+    with pytest.raises(ferry.FerryError, match=f"no line for {NAME}"):
+        ferry.join(manifest, manifest.parent, tmp_path / "wh3", lock)
+
+
+def test_an_existing_different_file_is_never_replaced(wheel, tmp_path):
+    manifest = ferry.split(wheel, tmp_path / "ferry", part_bytes=1_000_000)
+    (tmp_path / "wh").mkdir()
+    (tmp_path / "wh" / NAME).write_bytes(b"stripped copy")
+    with pytest.raises(ferry.FerryError, match="not replaced"):
+        ferry.join(manifest, manifest.parent, tmp_path / "wh")
+    assert (tmp_path / "wh" / NAME).read_bytes() == b"stripped copy"
+
+
+def test_split_refuses_to_mix_with_earlier_parts(wheel, tmp_path):
+    ferry.split(wheel, tmp_path / "ferry", part_bytes=1_000_000)
+    with pytest.raises(ferry.FerryError, match="already holds parts"):
+        ferry.split(wheel, tmp_path / "ferry", part_bytes=1_000_000)
+
+
+def test_the_real_lock_records_the_unstripped_kernel():
+    """The lock gives the FA3/FlashMLA-carrying kernel wheel's hash (upstream-sha256)."""
+    lock = ROOT / "locks" / "sglang-0.5.17-h200-cu130-py312.lock"
+    assert len(ferry.lock_hashes(lock, NAME)) == 2
