@@ -102,8 +102,10 @@ suite-pipeline)
     # (make_fixtures || make_mla_fixtures) -> (after `install`) patched copy -> pytest -m gpu;
     # ends with DONE or FAILED. Runs detached: `suite-wait` only watches.
     cd /tmp/repo
+    # dsv3 (a random MLA target) gave way to make_mla_fixtures' trained one.
     PYTHONPATH="$TRAIN_SITE" python3 scripts/make_fixtures.py --out "$FIX" --scale full \
-        --device cuda --ref-dtype bfloat16 --overwrite >"$SUITE/fixtures.log" 2>&1 &
+        --device cuda --ref-dtype bfloat16 --overwrite \
+        --variants llama,llama3layer,random,qwen3,sglang4layer >"$SUITE/fixtures.log" 2>&1 &
     p1=$!
     PYTHONPATH="$TRAIN_SITE" python3 scripts/make_mla_fixtures.py --stage all --out "$MLA" \
         --device cuda >"$SUITE/mla.log" 2>&1 &

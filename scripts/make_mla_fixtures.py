@@ -21,7 +21,7 @@ Stages (``--stage``), each writing into ``--out``:
            for such verifiers) trained with speculators' forward and kl_div loss on half raw
            text, half distillation text; aux ids [1, 3, 5]; full vocabulary; and the offline
            reference tau (sglang_ext.reference chain loop) on held-out prompts, in bf16 (the
-           served numeric class) and fp32.
+           served numeric class; fp32 too with --ref-fp32, and on CPU fp32 only).
   deepen   deep-target/ (61 layers), deep-drafter/ (the same weights, aux ids [10, 30, 50]),
            a bf16 check that deep and small logits agree, and seed-drafter/: the seed's
            configuration -- the drafter in SGLang's own format (``sglang-ext convert
@@ -124,7 +124,7 @@ FULL = MlaScale(
     # kv_lora_rank + qk_rope_head_dim = 288: see SGLANG_TRITON_MLA_LK.
     target=_dsv3(6, 384, 1024, 192, 8, 8, 128, 256, 32, 32, 32),
     target_train=dict(steps=1200, batch=64, lr=1.5e-3, time_cap=150),
-    distill=dict(sequences=2048, prompt_len=128, batch=512, heldout_sequences=64),
+    distill=dict(sequences=1024, prompt_len=128, batch=512, heldout_sequences=64),
     drafter_train=dict(steps=1800, chunks=8, lr=2e-3, ttt_steps=3, time_cap=150),
     deep_layers=61,
     placement=(0, 10, 20, 30, 40, 50),
@@ -287,7 +287,8 @@ def stage_drafter(args, scale: MlaScale) -> dict[str, Any]:
     r = scale.reference
     prompts = [json.loads(line) for line in (out / "prompts.jsonl").open()][: r["prompts"]]
     references = {}
-    dtypes = ("bfloat16", "float32") if device == "cuda" else ("float32",)
+    dtypes = ("bfloat16", "float32") if args.ref_fp32 or device != "cuda" else ("bfloat16",)
+    dtypes = dtypes if device == "cuda" else ("float32",)
     for dtype in dtypes:
         summary = ref.evaluate_tau(
             ref.load_target(out / "small-target", device=device, dtype=dtype),
@@ -486,6 +487,11 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--draft-attn-impl", default="sdpa")
+    parser.add_argument(
+        "--ref-fp32",
+        action="store_true",
+        help="on CUDA, also run the reference in fp32 (bf16 is the served class; ~80 s more)",
+    )
     args = parser.parse_args(argv)
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)

@@ -185,7 +185,6 @@ def cluster():
         Server(
             "qwen3", str(FIXTURES / "qwen3-target"), next(port), str(FIXTURES / "qwen3-drafter")
         ),
-        Server("dsv3", str(FIXTURES / "dsv3-target"), next(port), str(FIXTURES / "dsv3-drafter")),
     ]
     if PATCHED_SITE:
         pythonpath = f"{PATCHED_SITE}:{os.environ.get('PYTHONPATH', '')}"
@@ -212,7 +211,6 @@ def cluster():
                 "random",
                 "three_layer",
                 "qwen3",
-                "dsv3",
                 "mla_stock_seed",
                 "mla_guard_seed",
                 "mla_stock_nocapture",

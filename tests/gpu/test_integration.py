@@ -304,7 +304,8 @@ def test_metrics_overhead_at_concurrency_32(cluster):
 
 @pytest.mark.parametrize(
     "name, drafter",
-    [("three_layer", "llama-drafter-3layer"), ("qwen3", "qwen3-drafter"), ("dsv3", "dsv3-drafter")],
+    # The random-weight dsv3 variant gave way to the trained MLA + MoE seed case.
+    [("three_layer", "llama-drafter-3layer"), ("qwen3", "qwen3-drafter")],
 )
 def test_variants_serve(cluster, name, drafter):
     server = cluster[name]
