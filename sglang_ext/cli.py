@@ -23,7 +23,12 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument(
         "--force",
         action="store_true",
-        help="convert even when stock SGLang cannot express the math",
+        help="convert even when stock SGLang cannot express the math (lossy; see CONVERTED.md)",
+    )
+    convert.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace DST if it is a non-empty directory (never one that overlaps SRC)",
     )
 
     demo = sub.add_parser("demo", help="write a tiny speculators drafter and diagnose it")
