@@ -24,6 +24,16 @@ from sglang_ext.speculators_format import DrafterSpec, KeyRule, route
 FLOAT_DTYPES = frozenset({"F32", "F16", "BF16"})
 INTEGER_DTYPES = frozenset({"I64", "I32"})
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+# safetensors refuses longer headers (its MAX_HEADER_SIZE); so do we, before reading one.
+MAX_HEADER_BYTES = 100_000_000
+# Bytes per element of the safetensors dtypes with whole-byte elements (sub-byte ones such as
+# F4 are not size-checked here).
+DTYPE_BYTES = {
+    **dict.fromkeys(("BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0"), 1),
+    **dict.fromkeys(("I16", "U16", "F16", "BF16"), 2),
+    **dict.fromkeys(("I32", "U32", "F32"), 4),
+    **dict.fromkeys(("I64", "U64", "F64", "C64"), 8),
+}
 
 # Checkpoint tensors we read but do not load into a parameter, with the reason. Anything not
 # routed by speculators_format.KEY_TABLE and not listed here is "unexpected" (an error).
@@ -71,36 +81,98 @@ def weight_files(directory: str | Path) -> list[Path]:
 
 
 def read_safetensors_header(path: Path) -> list[TensorInfo]:
-    """Tensor names/shapes/dtypes from a safetensors header, checking the file is complete."""
-    size = path.stat().st_size
-    with path.open("rb") as handle:
-        raw_len = handle.read(8)
-        if len(raw_len) < 8:
-            raise DrafterLoadError(f"{path}: truncated safetensors file ({size} bytes, no header)")
-        (header_len,) = struct.unpack("<Q", raw_len)
-        if header_len > size - 8:
-            raise DrafterLoadError(
-                f"{path}: truncated safetensors file: header says {header_len} header bytes, "
-                f"file has {size - 8}"
-            )
-        try:
-            header = json.loads(handle.read(header_len))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise DrafterLoadError(f"{path}: corrupt safetensors header ({exc})") from exc
+    """Tensor names/shapes/dtypes from a safetensors header, checking the header is well formed
+    and the file is complete."""
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as handle:
+            raw_len = handle.read(8)
+            if len(raw_len) < 8:
+                raise DrafterLoadError(
+                    f"{path}: truncated safetensors file ({size} bytes, no header)"
+                )
+            (header_len,) = struct.unpack("<Q", raw_len)
+            if header_len > MAX_HEADER_BYTES:
+                raise DrafterLoadError(
+                    f"{path}: safetensors header of {header_len} bytes exceeds the "
+                    f"{MAX_HEADER_BYTES} bytes safetensors accepts; not a valid safetensors file"
+                )
+            if header_len > size - 8:
+                raise DrafterLoadError(
+                    f"{path}: truncated safetensors file: header says {header_len} header "
+                    f"bytes, file has {size - 8}"
+                )
+            raw_header = handle.read(header_len)
+    except OSError as exc:
+        raise DrafterLoadError(f"{path}: cannot read ({exc.strerror or exc})") from exc
+    try:
+        header = json.loads(raw_header)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DrafterLoadError(f"{path}: corrupt safetensors header ({exc})") from exc
+    if not isinstance(header, dict):
+        raise DrafterLoadError(
+            f"{path}: corrupt safetensors header: header is not a JSON object "
+            f"(found {type(header).__name__})"
+        )
     data_end = 0
     tensors = []
     for name, meta in header.items():
         if name == "__metadata__":
             continue
-        start, end = meta["data_offsets"]
+        dtype, shape, (start, end) = _header_entry(path, name, meta)
         data_end = max(data_end, end)
-        tensors.append(TensorInfo(name, tuple(meta["shape"]), meta["dtype"], path.name))
+        tensors.append(TensorInfo(name, shape, dtype, path.name))
     expected = 8 + header_len + data_end
     if size < expected:
         raise DrafterLoadError(
             f"{path}: truncated safetensors file: tensors need {expected} bytes, file has {size}"
         )
     return tensors
+
+
+def _header_entry(path: Path, name: str, meta) -> tuple[str, tuple[int, ...], tuple[int, int]]:
+    """One header entry, validated: (dtype, shape, data_offsets)."""
+    where = f"{path}: corrupt safetensors header: tensor {name!r}"
+    if not isinstance(meta, dict):
+        raise DrafterLoadError(
+            f"{where}: expected an object with dtype, shape and data_offsets, "
+            f"found {type(meta).__name__}"
+        )
+    for key in ("dtype", "shape", "data_offsets"):
+        if key not in meta:
+            raise DrafterLoadError(f"{where}: field {key!r} is missing")
+    dtype, shape, offsets = meta["dtype"], meta["shape"], meta["data_offsets"]
+
+    def is_count(value) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+    if not isinstance(dtype, str):
+        raise DrafterLoadError(f"{where}: field 'dtype' must be a string, found {dtype!r}")
+    if not isinstance(shape, list) or not all(is_count(d) for d in shape):
+        raise DrafterLoadError(
+            f"{where}: field 'shape' must be a list of non-negative integers, found {shape!r}"
+        )
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(is_count(o) for o in offsets)
+        or offsets[0] > offsets[1]
+    ):
+        raise DrafterLoadError(
+            f"{where}: field 'data_offsets' must be [start, end] with 0 <= start <= end, "
+            f"found {offsets!r}"
+        )
+    start, end = offsets
+    if dtype in DTYPE_BYTES:
+        needed = DTYPE_BYTES[dtype]
+        for dim in shape:
+            needed *= dim
+        if needed != end - start:
+            raise DrafterLoadError(
+                f"{where}: shape {shape} of {dtype} needs {needed} bytes, data_offsets span "
+                f"{end - start}"
+            )
+    return dtype, tuple(shape), (start, end)
 
 
 def read_checkpoint(directory: str | Path) -> list[TensorInfo]:
@@ -352,10 +424,7 @@ class LoadPlan:
         if rule.param == "model.input_norm.weight":
             return "config has norm_before_fc=false, so nothing reads input_norm"
         if "fc_norm" in rule.param:
-            return (
-                "config has fc_norm=false or fewer aux states "
-                f"({spec.num_aux_hidden_states})"
-            )
+            return f"config has fc_norm=false or fewer aux states ({spec.num_aux_hidden_states})"
         if "q_norm" in rule.param or "k_norm" in rule.param:
             return f"draft layers are {spec.layer_type}, which have no q_norm/k_norm"
         if ".layers." in rule.param:
