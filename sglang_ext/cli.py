@@ -7,11 +7,29 @@ import json
 import sys
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sglang-ext", description=__doc__)
+class Parser(argparse.ArgumentParser):
+    """argparse, except that with `json_errors` a usage error is printed as a doctor JSON
+    report (`doctor --json` always prints JSON). Exit status 2 either way."""
+
+    json_errors = False
+
+    def error(self, message: str):
+        if not self.json_errors:
+            super().error(message)
+        from sglang_ext.doctor import failed
+
+        report = failed(None, None, f"usage: {message} ({self.format_usage().strip()})")
+        print(json.dumps(report.to_json(), indent=2))
+        raise SystemExit(2)
+
+
+def build_parser(json_errors: bool = False) -> argparse.ArgumentParser:
+    parser = Parser(prog="sglang-ext", description=__doc__)
+    parser.json_errors = json_errors
     sub = parser.add_subparsers(dest="command", required=True)
 
     doctor = sub.add_parser("doctor", help="report what SGLang will do with a drafter (no GPU)")
+    doctor.json_errors = json_errors
     doctor.add_argument("drafter", help="drafter directory (speculators or SGLang format)")
     doctor.add_argument("--target", help="target model directory or its config.json")
     doctor.add_argument("--json", action="store_true", help="machine-readable report")
@@ -47,7 +65,11 @@ def main(argv: list[str] | None = None) -> int:
         from sglang_ext import bench
 
         return bench.main(argv[1:])
-    args = build_parser().parse_args(argv)
+    json_errors = argv[:1] == ["doctor"] and "--json" in argv
+    try:
+        args = build_parser(json_errors).parse_args(argv)
+    except SystemExit as exc:  # argparse: usage errors (2) and --help (0)
+        return exc.code if isinstance(exc.code, int) else 2
     if args.command == "doctor":
         from sglang_ext import doctor
 

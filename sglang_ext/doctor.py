@@ -11,6 +11,7 @@ JSON schema (top-level keys): see README "doctor JSON".
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,7 @@ STOCK_UNRECOGNIZED = (
 
 @dataclass
 class Diagnosis:
-    drafter: str
+    drafter: str | None  # None: the command line named none (usage error)
     target: str | None
     format: str | None = None
     errors: list[str] = field(default_factory=list)
@@ -332,11 +333,16 @@ def format_text(diagnosis: Diagnosis) -> str:
         )
     aux = diagnosis.aux_layers
     if aux:
-        lines.append(
-            f"aux:     checkpoint ids {aux.get('checkpoint_ids')} -> target captures "
-            f"{aux.get('captured_layers')} (SGLang ids {aux.get('sglang_ids', '-')}, "
-            f"rule {aux.get('capture_rule', '-')})"
-        )
+        ids = aux.get("checkpoint_ids")
+        line = f"aux:     checkpoint ids {ids if ids is not None else '(not set: the default)'}"
+        if aux.get("captured_layers") is None:
+            line += " (no --target: the layers the target captures are not resolved)"
+        else:
+            how = [f"rule {aux.get('capture_rule')}"]
+            if aux.get("sglang_ids") is not None:
+                how.insert(0, f"SGLang ids {aux['sglang_ids']}")
+            line += f" -> target captures {aux['captured_layers']} ({', '.join(how)})"
+        lines.append(line)
     counts = data["tensor_counts"]
     if counts:
         lines.append("tensors: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
@@ -356,8 +362,29 @@ def format_text(diagnosis: Diagnosis) -> str:
     return "\n".join(lines)
 
 
+def failed(drafter, target, message: str) -> Diagnosis:
+    """A report for a doctor run that could not diagnose (usage error, internal failure)."""
+    return Diagnosis(
+        drafter=str(drafter) if drafter else None,
+        target=str(target) if target else None,
+        errors=[message],
+    )
+
+
 def main(args) -> int:
-    diagnosis = diagnose(args.drafter, args.target)
+    """Exit 0 for verdict OK, 1 for ERROR (README "Exit codes"); usage errors (2) are the
+    CLI's. `--json` prints JSON whatever happens."""
+    try:
+        diagnosis = diagnose(args.drafter, args.target)
+    except Exception as exc:  # noqa: BLE001 - a bug must still answer in the asked format
+        if os.environ.get("SGLANG_EXT_DEBUG") == "1":
+            raise
+        diagnosis = failed(
+            args.drafter,
+            args.target,
+            f"sglang-ext doctor failed: {type(exc).__name__}: {exc}. This is a bug in "
+            "sglang-ext; rerun with SGLANG_EXT_DEBUG=1 for the traceback and report it",
+        )
     if args.json:
         print(json.dumps(diagnosis.to_json(), indent=2, default=str))
     else:
