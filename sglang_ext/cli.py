@@ -1,9 +1,18 @@
-"""`sglang-ext`: doctor | convert | bench | demo | self-check."""
+"""`sglang-ext`: doctor | convert | bench | demo | self-check.
+
+Exit codes, every command (README "Exit codes"): 0 ok; 1 the drafter or target has errors
+(doctor/demo verdict ERROR, an invalid drafter to convert, failed benchmark requests or accept
+length below --min-accept-length, a plugin that does not register); 2 usage or refusal
+(bad arguments, a conversion or destination refused, a path that cannot be read or written).
+No input gets a Python traceback: a failure of sglang-ext itself is one line naming it as a bug
+(exit 1), with the traceback under SGLANG_EXT_DEBUG=1.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 
@@ -61,6 +70,26 @@ def build_parser(json_errors: bool = False) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    command = argv[0] if argv else ""
+    try:
+        return run(argv)
+    except OSError as exc:  # a path the user named cannot be read or written
+        if os.environ.get("SGLANG_EXT_DEBUG") == "1":
+            raise
+        print(f"sglang-ext {command}: error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # noqa: BLE001 - no traceback for any input; say it is ours
+        if os.environ.get("SGLANG_EXT_DEBUG") == "1":
+            raise
+        print(
+            f"sglang-ext {command}: internal error: {type(exc).__name__}: {exc}. This is a bug "
+            "in sglang-ext; rerun with SGLANG_EXT_DEBUG=1 for the traceback and report it",
+            file=sys.stderr,
+        )
+        return 1
+
+
+def run(argv: list[str]) -> int:
     if argv[:1] == ["bench"]:
         from sglang_ext import bench
 
