@@ -114,18 +114,32 @@ def read_safetensors_header(path: Path) -> list[TensorInfo]:
             f"{path}: corrupt safetensors header: header is not a JSON object "
             f"(found {type(header).__name__})"
         )
-    data_end = 0
-    tensors = []
+    tensors, spans = [], []
     for name, meta in header.items():
         if name == "__metadata__":
             continue
-        dtype, shape, (start, end) = _header_entry(path, name, meta)
-        data_end = max(data_end, end)
+        dtype, shape, offsets = _header_entry(path, name, meta)
+        spans.append((*offsets, name))
         tensors.append(TensorInfo(name, shape, dtype, path.name))
+    # safetensors' own rule: the tensors tile the data buffer, no gap, no overlap, no tail.
+    data_end = 0
+    for start, end, name in sorted(spans):
+        if start != data_end:
+            raise DrafterLoadError(
+                f"{path}: corrupt safetensors header: tensor {name!r} starts at data byte "
+                f"{start}, expected {data_end} (tensors must follow each other without gap "
+                "or overlap)"
+            )
+        data_end = end
     expected = 8 + header_len + data_end
     if size < expected:
         raise DrafterLoadError(
             f"{path}: truncated safetensors file: tensors need {expected} bytes, file has {size}"
+        )
+    if size > expected:
+        raise DrafterLoadError(
+            f"{path}: corrupt safetensors file: {size - expected} bytes after the last tensor "
+            f"(tensors need {expected} bytes, file has {size})"
         )
     return tensors
 

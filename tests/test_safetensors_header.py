@@ -72,6 +72,25 @@ def test_good_header_reads(tmp_path):
     assert (tensor.name, tensor.shape, tensor.dtype) == ("norm.weight", (4,), "F32")
 
 
+def _f32(start: int) -> dict:
+    return {"dtype": "F32", "shape": [4], "data_offsets": [start, start + 16]}
+
+
+@pytest.mark.parametrize(
+    "header, data, message",
+    [
+        ({"a": _f32(0), "b": _f32(8)}, 24, "tensor 'b' starts at data byte 8, expected 16"),
+        ({"a": _f32(0), "b": _f32(20)}, 36, "tensor 'b' starts at data byte 20, expected 16"),
+        ({"a": _f32(0)}, 20, "4 bytes after the last tensor"),
+    ],
+    ids=["overlap", "gap", "tail"],
+)
+def test_tensors_must_tile_the_data_buffer_as_safetensors_requires(tmp_path, header, data, message):
+    path = write_raw(tmp_path / "model.safetensors", header, bytes(data))
+    with pytest.raises(DrafterLoadError, match=message):
+        read_safetensors_header(path)
+
+
 def test_header_larger_than_safetensors_allows_is_refused_unread(tmp_path):
     """safetensors refuses headers over 100 MB; so do we, before reading them."""
     assert MAX_HEADER_BYTES == 100_000_000
