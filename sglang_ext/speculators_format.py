@@ -436,6 +436,22 @@ def _layer_geometry(layer: Mapping[str, Any], where: str) -> dict[str, int]:
     }
 
 
+def _refuse_biases(layer: Mapping[str, Any], where: str) -> None:
+    """Biased projections cannot be served: SGLang's EAGLE-3 draft layer rebuilds its qkv_proj
+    with bias=False (llama_eagle3.py) and SGLang's LlamaMLP has no biases (llama.py), so the
+    trained biases would be dropped. Said here, by field, not as unexpected tensors."""
+    for key, what in (
+        ("attention_bias", "q/k/v projections without biases"),
+        ("mlp_bias", "gate/up/down projections without biases"),
+    ):
+        if _flag(layer, key, where):
+            raise DrafterConfigError(
+                f"{where}: {key} is true, but SGLang's EAGLE-3 draft layer has {what}, so "
+                f"the trained biases would be dropped: expected {key} false, found true. "
+                "Retrain the drafter without biases."
+            )
+
+
 def _aux_ids(value: Any, where: str, key: str) -> tuple[int, ...] | None:
     if value is None:
         return None
@@ -472,6 +488,7 @@ def _speculators_spec(config: Mapping[str, Any], cfg_file: Path) -> DrafterSpec:
             f"types: {list(SUPPORTED_LAYER_TYPES)}"
         )
     geometry = _layer_geometry(layer, layer_where)
+    _refuse_biases(layer, layer_where)
     draft_vocab = _require(config, "draft_vocab_size", int, where)
     if draft_vocab > geometry["vocab_size"]:
         raise DrafterConfigError(
@@ -518,7 +535,7 @@ def _speculators_spec(config: Mapping[str, Any], cfg_file: Path) -> DrafterSpec:
         norm_output=_flag(config, "norm_output", where),
         embed_requires_grad=_flag(config, "embed_requires_grad", where),
         tie_word_embeddings=False,  # speculators always saves its own lm_head
-        attention_bias=_flag(layer, "attention_bias", layer_where),
+        attention_bias=False,  # _refuse_biases
         layer_types=layer_types,
         sliding_window=window,
         speculative_tokens=proposals[0].get("speculative_tokens"),
@@ -555,6 +572,7 @@ def _sglang_spec(config: Mapping[str, Any], cfg_file: Path) -> DrafterSpec:
             "config)"
         )
     geometry = _layer_geometry(config, where)
+    _refuse_biases(config, where)
     eagle = _optional(config, "eagle_config", dict, where) or {}
     aux = _aux_ids(
         eagle.get("eagle_aux_hidden_state_layer_ids"),

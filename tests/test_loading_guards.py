@@ -1,0 +1,73 @@
+"""What sglang_ext.loading promises holds on the server's path, not only in doctor:
+attention/MLP biases are refused by name, d2t is checked against t2d at startup, and no
+drafter directory of either format is unpickled."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from sglang_ext import doctor, plugin
+from sglang_ext.speculators_format import DrafterConfigError, load_drafter_spec
+
+
+def copy_of(directory: Path, tmp_path: Path, name: str = "drafter") -> Path:
+    out = tmp_path / name
+    shutil.copytree(directory, out)
+    return out
+
+
+def edit_config(directory: Path, edit) -> None:
+    config = json.loads((directory / "config.json").read_text())
+    edit(config)
+    (directory / "config.json").write_text(json.dumps(config, indent=2))
+
+
+def edit_tensors(directory: Path, edit) -> None:
+    tensors = load_file(str(directory / "model.safetensors"))
+    edit(tensors)
+    save_file(tensors, str(directory / "model.safetensors"))
+
+
+# -- attention_bias / mlp_bias -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("field", ["attention_bias", "mlp_bias"])
+def test_biased_speculators_drafter_is_refused_by_field(drafter, tmp_path, field):
+    directory = copy_of(drafter("default")[0], tmp_path)
+    edit_config(directory, lambda c: c["transformer_layer_config"].update({field: True}))
+    projections = (
+        ("self_attn", ("q_proj", "k_proj", "v_proj", "o_proj"))
+        if field == "attention_bias"
+        else ("mlp", ("gate_proj", "up_proj", "down_proj"))
+    )
+
+    def add_biases(tensors):  # what speculators saves for a biased layer
+        module, names = projections
+        for name in names:
+            weight = tensors[f"layers.0.{module}.{name}.weight"]
+            tensors[f"layers.0.{module}.{name}.bias"] = torch.zeros(weight.shape[0])
+
+    edit_tensors(directory, add_biases)
+    errors = doctor.diagnose(directory).errors
+    assert len(errors) == 1, errors
+    assert f"transformer_layer_config: {field} is true" in errors[0]
+    assert f"expected {field} false, found true" in errors[0]
+    assert "unexpected tensor" not in errors[0]
+    with pytest.raises(DrafterConfigError, match=f"{field} is true"):  # the server's startup
+        plugin._translated(str(directory), 0.0)
+
+
+def test_biased_sglang_format_drafter_is_refused_by_field(drafter, tmp_path, target_dir):
+    from sglang_ext.convert import convert
+
+    directory = tmp_path / "sglang"
+    convert(drafter("norms_off")[0], directory, target_dir)
+    edit_config(directory, lambda c: c.update(attention_bias=True))
+    with pytest.raises(DrafterConfigError, match=r"config.json: attention_bias is true"):
+        load_drafter_spec(directory)
