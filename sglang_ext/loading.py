@@ -7,8 +7,11 @@ happens to it, and at the end names every model parameter that nothing filled. T
 ``load_weights`` and ``sglang-ext doctor`` both drive the same plan, so what doctor predicts is
 what the server does.
 
-Only safetensors are read: a pickle (.bin/.pt) drafter is refused with a conversion hint,
-because unpickling executes code from the checkpoint.
+Only safetensors are read: a drafter directory whose weights are pickles (.bin/.pt) is refused
+with a conversion hint, because unpickling executes code from the checkpoint. For a
+speculators directory the server's get_config hook refuses it; for an SGLang-format one, whose
+.bin files SGLang's own loader would ``torch.load``, building the :class:`LoadPlan` (in the
+drafter class's constructor, before SGLang reads any weights) refuses it.
 """
 
 from __future__ import annotations
@@ -68,6 +71,15 @@ def weight_files(directory: str | Path) -> list[Path]:
     files = sorted(directory.glob("*.safetensors"))
     if files:
         return files
+    refuse_pickle_only(directory)
+    raise DrafterLoadError(f"{directory}: no *.safetensors weight files")
+
+
+def refuse_pickle_only(directory: Path) -> None:
+    """Raise when `directory` holds pickle weight files and no safetensors (SGLang's loader
+    would torch.load them)."""
+    if any(directory.glob("*.safetensors")):
+        return
     pickles = sorted(p.name for p in directory.iterdir() if p.suffix in PICKLE_SUFFIXES)
     if pickles:
         raise DrafterLoadError(
@@ -77,7 +89,6 @@ def weight_files(directory: str | Path) -> list[Path]:
             "safetensors.torch as st; st.save_file(torch.load('"
             f"{pickles[0]}', weights_only=True), 'model.safetensors')\""
         )
-    raise DrafterLoadError(f"{directory}: no *.safetensors weight files")
 
 
 def read_safetensors_header(path: Path) -> list[TensorInfo]:
@@ -369,6 +380,8 @@ class LoadPlan:
     """Routes checkpoint tensors to parameters and accounts for both sides."""
 
     def __init__(self, spec: DrafterSpec):
+        if Path(spec.source).is_dir():  # before SGLang's loader unpickles anything
+            refuse_pickle_only(Path(spec.source))
         self.spec = spec
         self.params = expected_parameters(spec)
         self.report = LoadReport(source=spec.source)

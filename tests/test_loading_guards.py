@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from sglang_ext import doctor, plugin
+from sglang_ext.loading import DrafterLoadError, LoadPlan
 from sglang_ext.speculators_format import DrafterConfigError, load_drafter_spec
 
 
@@ -71,3 +72,41 @@ def test_biased_sglang_format_drafter_is_refused_by_field(drafter, tmp_path, tar
     edit_config(directory, lambda c: c.update(attention_bias=True))
     with pytest.raises(DrafterConfigError, match=r"config.json: attention_bias is true"):
         load_drafter_spec(directory)
+
+
+# -- no pickle, either format ------------------------------------------------------------------
+
+
+def _pickled_sglang_drafter(drafter, tmp_path, target_dir) -> Path:
+    from sglang_ext.convert import convert
+
+    directory = tmp_path / "sglang"
+    convert(drafter("norms_off")[0], directory, target_dir)
+    tensors = load_file(str(directory / "model.safetensors"))
+    (directory / "model.safetensors").unlink()
+    torch.save(tensors, directory / "pytorch_model.bin")
+    return directory
+
+
+def test_pickle_only_sglang_format_drafter_is_refused_before_unpickling(
+    sglang_env, drafter, tmp_path, target_dir, monkeypatch
+):
+    """SGLang's loader builds the model class, then feeds it `torch.load`ed .bin weights; the
+    plugin's class refuses while being built, so nothing is unpickled."""
+    from transformers import AutoConfig
+
+    from sglang_ext.models.llama_eagle3 import LlamaForCausalLMEagle3
+
+    directory = _pickled_sglang_drafter(drafter, tmp_path, target_dir)
+    config = AutoConfig.from_pretrained(str(directory))  # what SGLang's get_config returns
+
+    def no_unpickling(*args, **kwargs):
+        raise AssertionError("torch.load was called")
+
+    monkeypatch.setattr(torch, "load", no_unpickling)
+    with pytest.raises(DrafterLoadError) as info:
+        LlamaForCausalLMEagle3(config)
+    assert "pytorch_model.bin" in str(info.value) and "safetensors only" in str(info.value)
+    with pytest.raises(DrafterLoadError, match="safetensors only"):
+        LoadPlan(load_drafter_spec(directory))
+    assert doctor.diagnose(directory).verdict == "ERROR"
