@@ -12,6 +12,10 @@ with a conversion hint, because unpickling executes code from the checkpoint. Fo
 speculators directory the server's get_config hook refuses it; for an SGLang-format one, whose
 .bin files SGLang's own loader would ``torch.load``, building the :class:`LoadPlan` (in the
 drafter class's constructor, before SGLang reads any weights) refuses it.
+
+``d2t`` is checked against ``t2d`` (both must select the same target ids, inside the target
+vocabulary) by :func:`plan_from_checkpoint`, which the server's startup (get_config hook, for
+speculators directories) and doctor run.
 """
 
 from __future__ import annotations
@@ -41,7 +45,8 @@ DTYPE_BYTES = {
 # Checkpoint tensors we read but do not load into a parameter, with the reason. Anything not
 # routed by speculators_format.KEY_TABLE and not listed here is "unexpected" (an error).
 IGNORED_TENSORS: dict[str, str] = {
-    "t2d": "target->draft vocab mask; SGLang maps draft ids with d2t (checked against t2d)",
+    "t2d": "target->draft vocab mask; SGLang maps draft ids with d2t (checked against t2d by "
+    "plan_from_checkpoint)",
     "verifier_lm_head.weight": "speculators training-only copy of the target's lm_head",
     "verifier_norm.weight": "speculators training-only copy of the target's final norm",
 }
@@ -309,9 +314,9 @@ def expected_parameters(spec: DrafterSpec) -> dict[str, ParamSpec]:
 @dataclass
 class TensorEntry:
     name: str
-    status: (
-        str  # loaded | ignored | derived | missing | unexpected | shape_mismatch | dtype_mismatch
-    )
+    # loaded | ignored | derived | missing | unexpected | shape_mismatch | dtype_mismatch |
+    # value_mismatch (d2t/t2d)
+    status: str
     param: str | None = None
     expected: str | None = None
     found: str | None = None
@@ -319,7 +324,13 @@ class TensorEntry:
 
     @property
     def is_error(self) -> bool:
-        return self.status in ("missing", "unexpected", "shape_mismatch", "dtype_mismatch")
+        return self.status in (
+            "missing",
+            "unexpected",
+            "shape_mismatch",
+            "dtype_mismatch",
+            "value_mismatch",
+        )
 
 
 @dataclass
@@ -341,6 +352,7 @@ class LoadReport:
             "unexpected": "unexpected tensor",
             "shape_mismatch": "shape mismatch",
             "dtype_mismatch": "dtype mismatch",
+            "value_mismatch": "value mismatch",
         }.get(entry.status, entry.status)
         text = f"{entry.name}: {what}"
         if entry.expected or entry.found:
@@ -517,8 +529,52 @@ class LoadPlan:
 
 
 def plan_from_checkpoint(spec: DrafterSpec, tensors: Iterable[TensorInfo]) -> LoadReport:
-    """The load report for tensors read from disk (doctor's path)."""
+    """The load report for tensors read from disk (doctor's and the server startup's path),
+    including the d2t/t2d agreement, which needs their values."""
     plan = LoadPlan(spec)
+    tensors = list(tensors)
     for tensor in tensors:
         plan.route(tensor.name, tensor.shape, tensor.dtype)
-    return plan.finish()
+    report = plan.finish()
+    check_vocab_mapping(spec, report, {t.name: t for t in tensors})
+    return report
+
+
+def check_vocab_mapping(spec: DrafterSpec, report: LoadReport, tensors: dict) -> None:
+    """d2t and t2d must describe the same draft vocabulary: d2t's target ids (draft id + d2t)
+    inside the target vocabulary, and exactly the ids t2d marks. A disagreement marks the
+    tensor's entry `value_mismatch`."""
+    entries = {e.name: e for e in report.entries if e.name in ("d2t", "t2d")}
+    if not ("d2t" in tensors and entries.get("d2t") and entries["d2t"].status == "loaded"):
+        return
+    import numpy as np
+    from safetensors import safe_open
+
+    def values(name: str):
+        path = Path(spec.source) / tensors[name].file
+        try:
+            with safe_open(str(path), "np") as handle:
+                return handle.get_tensor(name)
+        except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types
+            raise DrafterLoadError(f"{path}: cannot read tensor {name!r} ({exc})") from exc
+
+    d2t = values("d2t").astype(np.int64)
+    target_ids = d2t + np.arange(d2t.shape[0])
+    outside = (target_ids < 0) | (target_ids >= spec.vocab_size)
+    if outside.any():
+        entry = entries["d2t"]
+        entry.status, entry.expected = "value_mismatch", f"ids in [0, {spec.vocab_size})"
+        entry.found = f"{int(outside.sum())} outside, e.g. {int(target_ids[outside][0])}"
+        entry.reason = "d2t maps draft ids outside the target vocabulary"
+        return
+    t2d_entry = entries.get("t2d")
+    if "t2d" not in tensors or t2d_entry is None or t2d_entry.status != "ignored":
+        return
+    t2d = values("t2d").astype(bool)
+    selected = np.zeros(spec.vocab_size, dtype=bool)
+    selected[target_ids] = True
+    if not np.array_equal(selected, t2d):
+        t2d_entry.status = "value_mismatch"
+        t2d_entry.expected = f"the {int(selected.sum())} target ids d2t selects"
+        t2d_entry.found = f"{int(t2d.sum())} marked, {int((selected != t2d).sum())} differ"
+        t2d_entry.reason = "d2t and t2d disagree on the draft vocabulary"

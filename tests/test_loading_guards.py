@@ -74,6 +74,37 @@ def test_biased_sglang_format_drafter_is_refused_by_field(drafter, tmp_path, tar
         load_drafter_spec(directory)
 
 
+# -- d2t checked against t2d where the server starts ------------------------------------------
+
+
+def _flip_one_t2d_entry(tensors):
+    t2d = tensors["t2d"].clone()
+    t2d[int((~t2d).nonzero()[0])] = True
+    tensors["t2d"] = t2d
+
+
+def test_server_startup_checks_d2t_against_t2d(drafter, tmp_path):
+    directory = copy_of(drafter("default")[0], tmp_path)
+    edit_tensors(directory, _flip_one_t2d_entry)
+    with pytest.raises(DrafterLoadError, match="d2t and t2d disagree"):
+        plugin._translated(str(directory), 0.0)
+    errors = doctor.diagnose(directory).errors
+    assert sum("d2t and t2d disagree" in e for e in errors) == 1, errors
+
+
+def test_d2t_outside_the_target_vocabulary_fails_startup(drafter, tmp_path):
+    directory = copy_of(drafter("default")[0], tmp_path)
+    edit_tensors(directory, lambda t: t["d2t"].__setitem__(-1, 10_000))
+    with pytest.raises(DrafterLoadError, match="d2t: .*outside the target vocabulary"):
+        plugin._translated(str(directory), 0.0)
+
+
+def test_agreeing_d2t_and_t2d_pass(drafter, target_dir):
+    diagnosis = doctor.diagnose(drafter("default")[0], target_dir)
+    assert diagnosis.verdict == "OK"
+    assert diagnosis.checks["vocab_mapping"] == "d2t and t2d agree"
+
+
 # -- no pickle, either format ------------------------------------------------------------------
 
 
