@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import configparser
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -96,3 +98,38 @@ def test_demo_runs_from_the_wheel_outside_the_source_tree(wheel, tmp_path):
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "verdict: OK" in proc.stdout
+
+
+def _readme_commands() -> list[str]:
+    readme = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", readme, re.S)
+    commands = []
+    for block in blocks:
+        for line in block.splitlines():
+            line = line.split("#", 1)[0].strip()
+            commands.extend(part.strip() for part in line.split("&&") if part.strip())
+    return commands
+
+
+def test_readme_installs_from_something_that_exists():
+    """sglang-ext is not published on PyPI: README installs the source tree, a wheel built
+    from it, or a git URL, never a bare name."""
+    installs = [c for c in _readme_commands() if re.match(r"(python -m )?pip install\b", c)]
+    assert installs
+    for command in installs:
+        words = shlex.split(command)
+        for arg in (w for w in words[words.index("install") + 1 :] if not w.startswith("-")):
+            assert arg == "." or arg.startswith(".[") or arg.endswith(".whl") or "git+" in arg, (
+                f"README: `{command}` installs {arg!r}, which pip cannot find"
+            )
+
+
+def test_ci_runs_readme_command_one_from_a_non_editable_wheel():
+    """README's command 1 is what .ci/run checks: the wheel, installed without -e, then
+    `sglang-ext demo` outside the source tree with verdict OK."""
+    assert "pip install . && sglang-ext demo" in (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert re.search(r"pip wheel .*--no-deps.* \.$", ci, re.M), ci
+    install = re.search(r"^.*pip install .*\.whl.*$", ci, re.M)
+    assert install and " -e " not in install.group(0)
+    assert re.search(r"cd \S+ .*sglang-ext demo", ci) and "verdict: OK" in ci
