@@ -1037,7 +1037,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--min-accept-length",
         type=float,
         default=None,
-        help="exit 3 if the exact accept length is below this (or not reported)",
+        help="exit 1 if the exact accept length is below this (or not reported)",
     )
     return p
 
