@@ -411,8 +411,11 @@ def stage_widen_drafters(args, scale: SpeedScale) -> dict[str, Any]:
             aux_ids=scale.big_aux_ids,
         )
         drafters[tag]["intermediate_size"] = shape.intermediate
-    differences = convert(
-        out / "drafter-8b-nbr-false", out / "drafter-8b-nbr-false-sglang", out / "target-8b"
+    differences = convert(  # overwrite: this stage's own output when it is run again
+        out / "drafter-8b-nbr-false",
+        out / "drafter-8b-nbr-false-sglang",
+        out / "target-8b",
+        overwrite=True,
     )
     if differences:
         raise SystemExit(f"nbr-false drafter should convert exactly, got: {differences}")

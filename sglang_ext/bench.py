@@ -24,8 +24,9 @@ with ``--no-stream`` TPOT is not measurable and is left empty.
 Stdlib only (urllib + threads). ``tqdm`` is used for the progress bar if installed;
 ``matplotlib`` only for ``--plot``. Never imports sglang or torch.
 
-Exit codes: 0 ok; 1 some requests failed; 2 usage error / server unreachable;
-3 ``--min-accept-length`` not met (or acceptance not reported while it was required).
+Exit codes (README "Exit codes"): 0 ok; 1 some requests failed, or ``--min-accept-length``
+not met (or acceptance not reported while it was required); 2 usage error / server
+unreachable.
 """
 
 from __future__ import annotations
@@ -1036,7 +1037,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--min-accept-length",
         type=float,
         default=None,
-        help="exit 3 if the exact accept length is below this (or not reported)",
+        help="exit 1 if the exact accept length is below this (or not reported)",
     )
     return p
 
@@ -1152,7 +1153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"--min-accept-length {args.min_accept_length}",
                 file=sys.stderr,
             )
-            rc = 3
+            rc = 1
     return rc
 
 

@@ -1,17 +1,44 @@
-"""`sglang-ext`: doctor | convert | bench | demo | self-check."""
+"""`sglang-ext`: doctor | convert | bench | demo | self-check.
+
+Exit codes, every command (README "Exit codes"): 0 ok; 1 the drafter or target has errors
+(doctor/demo verdict ERROR, an invalid drafter to convert, failed benchmark requests or accept
+length below --min-accept-length, a plugin that does not register); 2 usage or refusal
+(bad arguments, a conversion or destination refused, a path that cannot be read or written).
+No input gets a Python traceback: a failure of sglang-ext itself is one line naming it as a bug
+(exit 1), with the traceback under SGLANG_EXT_DEBUG=1.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sglang-ext", description=__doc__)
+class Parser(argparse.ArgumentParser):
+    """argparse, except that with `json_errors` a usage error is printed as a doctor JSON
+    report (`doctor --json` always prints JSON). Exit status 2 either way."""
+
+    json_errors = False
+
+    def error(self, message: str):
+        if not self.json_errors:
+            super().error(message)
+        from sglang_ext.doctor import failed
+
+        report = failed(None, None, f"usage: {message} ({self.format_usage().strip()})")
+        print(json.dumps(report.to_json(), indent=2))
+        raise SystemExit(2)
+
+
+def build_parser(json_errors: bool = False) -> argparse.ArgumentParser:
+    parser = Parser(prog="sglang-ext", description=__doc__)
+    parser.json_errors = json_errors
     sub = parser.add_subparsers(dest="command", required=True)
 
     doctor = sub.add_parser("doctor", help="report what SGLang will do with a drafter (no GPU)")
+    doctor.json_errors = json_errors
     doctor.add_argument("drafter", help="drafter directory (speculators or SGLang format)")
     doctor.add_argument("--target", help="target model directory or its config.json")
     doctor.add_argument("--json", action="store_true", help="machine-readable report")
@@ -23,7 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument(
         "--force",
         action="store_true",
-        help="convert even when stock SGLang cannot express the math",
+        help="convert even when stock SGLang cannot express the math (lossy; see CONVERTED.md)",
+    )
+    convert.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace DST if it is a non-empty directory (never one that overlaps SRC)",
     )
 
     demo = sub.add_parser("demo", help="write a tiny speculators drafter and diagnose it")
@@ -38,11 +70,35 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    command = argv[0] if argv else ""
+    try:
+        return run(argv)
+    except OSError as exc:  # a path the user named cannot be read or written
+        if os.environ.get("SGLANG_EXT_DEBUG") == "1":
+            raise
+        print(f"sglang-ext {command}: error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # noqa: BLE001 - no traceback for any input; say it is ours
+        if os.environ.get("SGLANG_EXT_DEBUG") == "1":
+            raise
+        print(
+            f"sglang-ext {command}: internal error: {type(exc).__name__}: {exc}. This is a bug "
+            "in sglang-ext; rerun with SGLANG_EXT_DEBUG=1 for the traceback and report it",
+            file=sys.stderr,
+        )
+        return 1
+
+
+def run(argv: list[str]) -> int:
     if argv[:1] == ["bench"]:
         from sglang_ext import bench
 
         return bench.main(argv[1:])
-    args = build_parser().parse_args(argv)
+    json_errors = argv[:1] == ["doctor"] and "--json" in argv
+    try:
+        args = build_parser(json_errors).parse_args(argv)
+    except SystemExit as exc:  # argparse: usage errors (2) and --help (0)
+        return exc.code if isinstance(exc.code, int) else 2
     if args.command == "doctor":
         from sglang_ext import doctor
 

@@ -4,12 +4,20 @@ For users who cannot install the plugin. Stock SGLang cannot express some of spe
 (``sglang_ext.doctor.math_stock_lacks``): conversion refuses such a drafter unless ``--force``,
 and then writes down what will differ. With the plugin installed, convert nothing: point
 ``--speculative-draft-model-path`` at the speculators directory.
+
+It never loses data: the destination must be new or empty (``--overwrite`` replaces a
+non-empty one; ``--force`` only permits lossy math), must not be, contain or lie inside the
+source, and the drafter is written into a temporary directory next to it that is renamed into
+place only once complete.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import sys
+import uuid
 from pathlib import Path
 
 from sglang_ext.doctor import math_stock_lacks
@@ -44,11 +52,69 @@ def converted_name(name: str, spec) -> str | None:
     return name
 
 
+def check_destination(src: Path, dst: Path, overwrite: bool) -> None:
+    """Refuse any destination whose replacement could lose data."""
+    source, target = src.resolve(), dst.resolve()
+    if not dst.name:
+        raise ConversionRefused(f"{dst}: not a directory convert can create or replace")
+    if target == source:
+        raise ConversionRefused(
+            f"{dst} is the source directory: convert writes a new drafter and never modifies "
+            "the source; choose a DST outside SRC"
+        )
+    if source in target.parents:
+        raise ConversionRefused(
+            f"{dst} lies inside the source directory {src}; choose a DST outside SRC"
+        )
+    if target in source.parents:
+        raise ConversionRefused(
+            f"{dst} contains the source directory {src}: replacing it would delete the source; "
+            "choose a DST outside SRC"
+        )
+    if dst.is_symlink():
+        raise ConversionRefused(f"{dst} is a symbolic link; pass the directory it points to")
+    if not dst.exists():
+        return
+    if not dst.is_dir():
+        raise ConversionRefused(f"{dst} exists and is not a directory; choose a new DST")
+    entries = sorted(p.name for p in dst.iterdir())
+    if entries and not overwrite:
+        shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
+        raise ConversionRefused(
+            f"{dst} is not empty ({len(entries)} entries: {shown}); convert does not overwrite "
+            "files. Choose a new DST, or pass --overwrite to replace that directory as a whole"
+        )
+
+
+def publish(staging: Path, dst: Path) -> None:
+    """Move the complete `staging` directory to `dst`, replacing what `dst` held (checked by
+    check_destination); on failure `dst` keeps its old contents."""
+    if not dst.exists():
+        os.replace(staging, dst)
+        return
+    replaced = dst.with_name(f".{dst.name}.replaced-{uuid.uuid4().hex[:8]}")
+    os.replace(dst, replaced)
+    try:
+        os.replace(staging, dst)
+    except BaseException:
+        os.replace(replaced, dst)
+        raise
+    shutil.rmtree(replaced)
+
+
 def convert(
-    src: str | Path, dst: str | Path, target: str | Path | None = None, force: bool = False
+    src: str | Path,
+    dst: str | Path,
+    target: str | Path | None = None,
+    force: bool = False,
+    overwrite: bool = False,
 ) -> list[str]:
-    """Write the converted drafter; returns the list of behaviour differences (may be empty)."""
-    src, dst = Path(src), Path(dst)
+    """Write the converted drafter; returns the list of behaviour differences (may be empty).
+
+    `force` permits lossy math (the differences are written to DST/CONVERTED.md); `overwrite`
+    permits replacing a non-empty DST. Neither permits a DST that overlaps SRC."""
+    src, dst = Path(src), Path(os.path.abspath(dst))  # "." and ".." get a name to stage by
+    check_destination(src, dst, overwrite)
     spec = load_drafter_spec(src)
     if spec.format != "speculators":
         raise ConversionRefused(f"{src} is already in SGLang format; nothing to convert")
@@ -104,6 +170,29 @@ def convert(
     if spec.dtype:
         config["torch_dtype"] = spec.dtype
 
+    notes = ["# Converted by sglang-ext convert", f"source: {src}", ""]
+    if spec.sliding_layers:
+        notes.append(
+            f"Trained with sliding_window={spec.sliding_window}; SGLang serves it as full "
+            "attention (same math up to that many tokens)."
+        )
+    notes += [f"- differs: {d}" for d in differences] or ["No behaviour differences."]
+
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    staging = dst.with_name(f".{dst.name}.converting-{uuid.uuid4().hex[:8]}")
+    staging.mkdir()
+    try:
+        write_converted(spec, staging, config, notes)
+        check_destination(src, dst, overwrite)  # again: DST may have changed meanwhile
+        publish(staging, dst)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
+    return differences
+
+
+def write_converted(spec, directory: Path, config: dict, notes: list[str]) -> None:
+    """The converted drafter's files, into `directory` (a fresh staging directory)."""
     from safetensors.torch import load_file, save_file
 
     tensors = {}
@@ -112,25 +201,23 @@ def convert(
             new = converted_name(name, spec)
             if new is not None:
                 tensors[new] = tensor.contiguous()
-    dst.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
-    (dst / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    notes = ["# Converted by sglang-ext convert", f"source: {src}", ""]
-    if spec.sliding_layers:
-        notes.append(
-            f"Trained with sliding_window={spec.sliding_window}; SGLang serves it as full "
-            "attention (same math up to that many tokens)."
-        )
-    notes += [f"- differs: {d}" for d in differences] or ["No behaviour differences."]
-    (dst / "CONVERTED.md").write_text("\n".join(notes) + "\n")
-    return differences
+    save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (directory / "CONVERTED.md").write_text("\n".join(notes) + "\n")
 
 
 def main(args) -> int:
+    """Exit 0 converted, 1 the drafter or target has errors, 2 refused (see README)."""
     try:
-        differences = convert(args.src, args.dst, args.target, args.force)
-    except (ConversionRefused, DrafterConfigError, DrafterLoadError) as exc:
+        differences = convert(args.src, args.dst, args.target, args.force, args.overwrite)
+    except (DrafterConfigError, DrafterLoadError) as exc:
+        print(f"sglang-ext convert: error: {exc}", file=sys.stderr)
+        return 1
+    except ConversionRefused as exc:
         print(f"sglang-ext convert: refused: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"sglang-ext convert: cannot write {args.dst}: {exc}", file=sys.stderr)
         return 2
     print(f"wrote {args.dst} (SGLang-native EAGLE-3 layout)")
     for difference in differences:

@@ -145,9 +145,23 @@ def make_demo(out: Path) -> tuple[Path, Path]:
 
 
 def main(args) -> int:
+    """Exit 0 for verdict OK, 1 for ERROR, 2 when --out holds anything (README "Exit codes")."""
     from sglang_ext import doctor
 
-    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="sglang-ext-demo-"))
+    if args.out:
+        out = Path(args.out)
+        if out.exists() and not out.is_dir():
+            print(f"sglang-ext demo: refused: {out} exists and is not a directory", file=sys.stderr)
+            return 2
+        if out.is_dir() and any(out.iterdir()):
+            print(
+                f"sglang-ext demo: refused: {out} is not empty; the demo writes drafter/ and "
+                "target/ into a new or empty directory and never overwrites files",
+                file=sys.stderr,
+            )
+            return 2
+    else:
+        out = Path(tempfile.mkdtemp(prefix="sglang-ext-demo-"))
     target, drafter = make_demo(out)
     print(
         f"wrote a speculators EAGLE-3 drafter to {drafter} and a Llama target config to {target}\n"

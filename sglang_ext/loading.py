@@ -7,8 +7,15 @@ happens to it, and at the end names every model parameter that nothing filled. T
 ``load_weights`` and ``sglang-ext doctor`` both drive the same plan, so what doctor predicts is
 what the server does.
 
-Only safetensors are read: a pickle (.bin/.pt) drafter is refused with a conversion hint,
-because unpickling executes code from the checkpoint.
+Only safetensors are read: a drafter directory whose weights are pickles (.bin/.pt) is refused
+with a conversion hint, because unpickling executes code from the checkpoint. For a
+speculators directory the server's get_config hook refuses it; for an SGLang-format one, whose
+.bin files SGLang's own loader would ``torch.load``, building the :class:`LoadPlan` (in the
+drafter class's constructor, before SGLang reads any weights) refuses it.
+
+``d2t`` is checked against ``t2d`` (both must select the same target ids, inside the target
+vocabulary) by :func:`plan_from_checkpoint`, which the server's startup (get_config hook, for
+speculators directories) and doctor run.
 """
 
 from __future__ import annotations
@@ -24,11 +31,22 @@ from sglang_ext.speculators_format import DrafterSpec, KeyRule, route
 FLOAT_DTYPES = frozenset({"F32", "F16", "BF16"})
 INTEGER_DTYPES = frozenset({"I64", "I32"})
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+# safetensors refuses longer headers (its MAX_HEADER_SIZE); so do we, before reading one.
+MAX_HEADER_BYTES = 100_000_000
+# Bytes per element of the safetensors dtypes with whole-byte elements (sub-byte ones such as
+# F4 are not size-checked here).
+DTYPE_BYTES = {
+    **dict.fromkeys(("BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0"), 1),
+    **dict.fromkeys(("I16", "U16", "F16", "BF16"), 2),
+    **dict.fromkeys(("I32", "U32", "F32"), 4),
+    **dict.fromkeys(("I64", "U64", "F64", "C64"), 8),
+}
 
 # Checkpoint tensors we read but do not load into a parameter, with the reason. Anything not
 # routed by speculators_format.KEY_TABLE and not listed here is "unexpected" (an error).
 IGNORED_TENSORS: dict[str, str] = {
-    "t2d": "target->draft vocab mask; SGLang maps draft ids with d2t (checked against t2d)",
+    "t2d": "target->draft vocab mask; SGLang maps draft ids with d2t (checked against t2d by "
+    "plan_from_checkpoint)",
     "verifier_lm_head.weight": "speculators training-only copy of the target's lm_head",
     "verifier_norm.weight": "speculators training-only copy of the target's final norm",
 }
@@ -58,6 +76,15 @@ def weight_files(directory: str | Path) -> list[Path]:
     files = sorted(directory.glob("*.safetensors"))
     if files:
         return files
+    refuse_pickle_only(directory)
+    raise DrafterLoadError(f"{directory}: no *.safetensors weight files")
+
+
+def refuse_pickle_only(directory: Path) -> None:
+    """Raise when `directory` holds pickle weight files and no safetensors (SGLang's loader
+    would torch.load them)."""
+    if any(directory.glob("*.safetensors")):
+        return
     pickles = sorted(p.name for p in directory.iterdir() if p.suffix in PICKLE_SUFFIXES)
     if pickles:
         raise DrafterLoadError(
@@ -67,40 +94,115 @@ def weight_files(directory: str | Path) -> list[Path]:
             "safetensors.torch as st; st.save_file(torch.load('"
             f"{pickles[0]}', weights_only=True), 'model.safetensors')\""
         )
-    raise DrafterLoadError(f"{directory}: no *.safetensors weight files")
 
 
 def read_safetensors_header(path: Path) -> list[TensorInfo]:
-    """Tensor names/shapes/dtypes from a safetensors header, checking the file is complete."""
-    size = path.stat().st_size
-    with path.open("rb") as handle:
-        raw_len = handle.read(8)
-        if len(raw_len) < 8:
-            raise DrafterLoadError(f"{path}: truncated safetensors file ({size} bytes, no header)")
-        (header_len,) = struct.unpack("<Q", raw_len)
-        if header_len > size - 8:
-            raise DrafterLoadError(
-                f"{path}: truncated safetensors file: header says {header_len} header bytes, "
-                f"file has {size - 8}"
-            )
-        try:
-            header = json.loads(handle.read(header_len))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise DrafterLoadError(f"{path}: corrupt safetensors header ({exc})") from exc
-    data_end = 0
-    tensors = []
+    """Tensor names/shapes/dtypes from a safetensors header, checking the header is well formed
+    and the file is complete."""
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as handle:
+            raw_len = handle.read(8)
+            if len(raw_len) < 8:
+                raise DrafterLoadError(
+                    f"{path}: truncated safetensors file ({size} bytes, no header)"
+                )
+            (header_len,) = struct.unpack("<Q", raw_len)
+            if header_len > MAX_HEADER_BYTES:
+                raise DrafterLoadError(
+                    f"{path}: safetensors header of {header_len} bytes exceeds the "
+                    f"{MAX_HEADER_BYTES} bytes safetensors accepts; not a valid safetensors file"
+                )
+            if header_len > size - 8:
+                raise DrafterLoadError(
+                    f"{path}: truncated safetensors file: header says {header_len} header "
+                    f"bytes, file has {size - 8}"
+                )
+            raw_header = handle.read(header_len)
+    except OSError as exc:
+        raise DrafterLoadError(f"{path}: cannot read ({exc.strerror or exc})") from exc
+    try:
+        header = json.loads(raw_header)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DrafterLoadError(f"{path}: corrupt safetensors header ({exc})") from exc
+    if not isinstance(header, dict):
+        raise DrafterLoadError(
+            f"{path}: corrupt safetensors header: header is not a JSON object "
+            f"(found {type(header).__name__})"
+        )
+    tensors, spans = [], []
     for name, meta in header.items():
         if name == "__metadata__":
             continue
-        start, end = meta["data_offsets"]
-        data_end = max(data_end, end)
-        tensors.append(TensorInfo(name, tuple(meta["shape"]), meta["dtype"], path.name))
+        dtype, shape, offsets = _header_entry(path, name, meta)
+        spans.append((*offsets, name))
+        tensors.append(TensorInfo(name, shape, dtype, path.name))
+    # safetensors' own rule: the tensors tile the data buffer, no gap, no overlap, no tail.
+    data_end = 0
+    for start, end, name in sorted(spans):
+        if start != data_end:
+            raise DrafterLoadError(
+                f"{path}: corrupt safetensors header: tensor {name!r} starts at data byte "
+                f"{start}, expected {data_end} (tensors must follow each other without gap "
+                "or overlap)"
+            )
+        data_end = end
     expected = 8 + header_len + data_end
     if size < expected:
         raise DrafterLoadError(
             f"{path}: truncated safetensors file: tensors need {expected} bytes, file has {size}"
         )
+    if size > expected:
+        raise DrafterLoadError(
+            f"{path}: corrupt safetensors file: {size - expected} bytes after the last tensor "
+            f"(tensors need {expected} bytes, file has {size})"
+        )
     return tensors
+
+
+def _header_entry(path: Path, name: str, meta) -> tuple[str, tuple[int, ...], tuple[int, int]]:
+    """One header entry, validated: (dtype, shape, data_offsets)."""
+    where = f"{path}: corrupt safetensors header: tensor {name!r}"
+    if not isinstance(meta, dict):
+        raise DrafterLoadError(
+            f"{where}: expected an object with dtype, shape and data_offsets, "
+            f"found {type(meta).__name__}"
+        )
+    for key in ("dtype", "shape", "data_offsets"):
+        if key not in meta:
+            raise DrafterLoadError(f"{where}: field {key!r} is missing")
+    dtype, shape, offsets = meta["dtype"], meta["shape"], meta["data_offsets"]
+
+    def is_count(value) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+    if not isinstance(dtype, str):
+        raise DrafterLoadError(f"{where}: field 'dtype' must be a string, found {dtype!r}")
+    if not isinstance(shape, list) or not all(is_count(d) for d in shape):
+        raise DrafterLoadError(
+            f"{where}: field 'shape' must be a list of non-negative integers, found {shape!r}"
+        )
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(is_count(o) for o in offsets)
+        or offsets[0] > offsets[1]
+    ):
+        raise DrafterLoadError(
+            f"{where}: field 'data_offsets' must be [start, end] with 0 <= start <= end, "
+            f"found {offsets!r}"
+        )
+    start, end = offsets
+    if dtype in DTYPE_BYTES:
+        needed = DTYPE_BYTES[dtype]
+        for dim in shape:
+            needed *= dim
+        if needed != end - start:
+            raise DrafterLoadError(
+                f"{where}: shape {shape} of {dtype} needs {needed} bytes, data_offsets span "
+                f"{end - start}"
+            )
+    return dtype, tuple(shape), (start, end)
 
 
 def read_checkpoint(directory: str | Path) -> list[TensorInfo]:
@@ -212,9 +314,9 @@ def expected_parameters(spec: DrafterSpec) -> dict[str, ParamSpec]:
 @dataclass
 class TensorEntry:
     name: str
-    status: (
-        str  # loaded | ignored | derived | missing | unexpected | shape_mismatch | dtype_mismatch
-    )
+    # loaded | ignored | derived | missing | unexpected | shape_mismatch | dtype_mismatch |
+    # value_mismatch (d2t/t2d)
+    status: str
     param: str | None = None
     expected: str | None = None
     found: str | None = None
@@ -222,7 +324,13 @@ class TensorEntry:
 
     @property
     def is_error(self) -> bool:
-        return self.status in ("missing", "unexpected", "shape_mismatch", "dtype_mismatch")
+        return self.status in (
+            "missing",
+            "unexpected",
+            "shape_mismatch",
+            "dtype_mismatch",
+            "value_mismatch",
+        )
 
 
 @dataclass
@@ -244,6 +352,7 @@ class LoadReport:
             "unexpected": "unexpected tensor",
             "shape_mismatch": "shape mismatch",
             "dtype_mismatch": "dtype mismatch",
+            "value_mismatch": "value mismatch",
         }.get(entry.status, entry.status)
         text = f"{entry.name}: {what}"
         if entry.expected or entry.found:
@@ -303,6 +412,8 @@ class LoadPlan:
     """Routes checkpoint tensors to parameters and accounts for both sides."""
 
     def __init__(self, spec: DrafterSpec):
+        if Path(spec.source).is_dir():  # before SGLang's loader unpickles anything
+            refuse_pickle_only(Path(spec.source))
         self.spec = spec
         self.params = expected_parameters(spec)
         self.report = LoadReport(source=spec.source)
@@ -440,8 +551,52 @@ class LoadPlan:
 
 
 def plan_from_checkpoint(spec: DrafterSpec, tensors: Iterable[TensorInfo]) -> LoadReport:
-    """The load report for tensors read from disk (doctor's path)."""
+    """The load report for tensors read from disk (doctor's and the server startup's path),
+    including the d2t/t2d agreement, which needs their values."""
     plan = LoadPlan(spec)
+    tensors = list(tensors)
     for tensor in tensors:
         plan.route(tensor.name, tensor.shape, tensor.dtype)
-    return plan.finish()
+    report = plan.finish()
+    check_vocab_mapping(spec, report, {t.name: t for t in tensors})
+    return report
+
+
+def check_vocab_mapping(spec: DrafterSpec, report: LoadReport, tensors: dict) -> None:
+    """d2t and t2d must describe the same draft vocabulary: d2t's target ids (draft id + d2t)
+    inside the target vocabulary, and exactly the ids t2d marks. A disagreement marks the
+    tensor's entry `value_mismatch`."""
+    entries = {e.name: e for e in report.entries if e.name in ("d2t", "t2d")}
+    if not ("d2t" in tensors and entries.get("d2t") and entries["d2t"].status == "loaded"):
+        return
+    import numpy as np
+    from safetensors import safe_open
+
+    def values(name: str):
+        path = Path(spec.source) / tensors[name].file
+        try:
+            with safe_open(str(path), "np") as handle:
+                return handle.get_tensor(name)
+        except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types
+            raise DrafterLoadError(f"{path}: cannot read tensor {name!r} ({exc})") from exc
+
+    d2t = values("d2t").astype(np.int64)
+    target_ids = d2t + np.arange(d2t.shape[0])
+    outside = (target_ids < 0) | (target_ids >= spec.vocab_size)
+    if outside.any():
+        entry = entries["d2t"]
+        entry.status, entry.expected = "value_mismatch", f"ids in [0, {spec.vocab_size})"
+        entry.found = f"{int(outside.sum())} outside, e.g. {int(target_ids[outside][0])}"
+        entry.reason = "d2t maps draft ids outside the target vocabulary"
+        return
+    t2d_entry = entries.get("t2d")
+    if "t2d" not in tensors or t2d_entry is None or t2d_entry.status != "ignored":
+        return
+    t2d = values("t2d").astype(bool)
+    selected = np.zeros(spec.vocab_size, dtype=bool)
+    selected[target_ids] = True
+    if not np.array_equal(selected, t2d):
+        t2d_entry.status = "value_mismatch"
+        t2d_entry.expected = f"the {int(selected.sum())} target ids d2t selects"
+        t2d_entry.found = f"{int(t2d.sum())} marked, {int((selected != t2d).sum())} differ"
+        t2d_entry.reason = "d2t and t2d disagree on the draft vocabulary"

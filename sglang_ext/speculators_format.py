@@ -58,6 +58,12 @@ def read_json(path: Path) -> dict[str, Any]:
         text = path.read_text()
     except FileNotFoundError as exc:
         raise DrafterConfigError(f"{path}: file not found") from exc
+    except OSError as exc:
+        raise DrafterConfigError(f"{path}: cannot read ({exc.strerror or exc})") from exc
+    except UnicodeDecodeError as exc:
+        raise DrafterConfigError(
+            f"{path}: not a JSON text file ({exc}); expected a model directory or its config.json"
+        ) from exc
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -140,6 +146,22 @@ def _require(config: Mapping[str, Any], key: str, kind: type | tuple, where: str
     return value
 
 
+def _optional(config: Mapping[str, Any], key: str, kind: type | tuple, where: str) -> Any:
+    """An optional field: None when absent or null, else type-checked like `_require`."""
+    return None if config.get(key) is None else _require(config, key, kind, where)
+
+
+def _architectures(config: Mapping[str, Any], where: str) -> list[str] | None:
+    archs = config.get("architectures")
+    if archs is None:
+        return None
+    if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+        raise DrafterConfigError(
+            f"{where}: field 'architectures' must be a list of class names, found {archs!r}"
+        )
+    return archs or None
+
+
 def _flag(config: Mapping[str, Any], key: str, where: str, default: bool = False) -> bool:
     value = config.get(key, default)
     if value is None:
@@ -171,7 +193,11 @@ class TargetInfo:
         where = str(cfg_file)
         # Multimodal targets (Kimi-K2.5, Qwen3-VL) keep the language model in text_config.
         text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
-        archs = config.get("architectures") or text.get("architectures") or ["<unknown>"]
+        archs = (
+            _architectures(config, where)
+            or _architectures(text, f"{where}: text_config")
+            or ["<unknown>"]
+        )
         return cls(
             path=str(path),
             architecture=str(archs[0]),
@@ -429,16 +455,34 @@ def load_drafter_spec(path: str | Path) -> DrafterSpec:
 def _layer_geometry(layer: Mapping[str, Any], where: str) -> dict[str, int]:
     hidden = _require(layer, "hidden_size", int, where)
     heads = _require(layer, "num_attention_heads", int, where)
-    head_dim = layer.get("head_dim") or hidden // heads
+    if heads <= 0:
+        raise DrafterConfigError(f"{where}: field 'num_attention_heads' must be > 0, found {heads}")
+    head_dim = _optional(layer, "head_dim", int, where) or hidden // heads
     return {
         "hidden_size": hidden,
         "num_hidden_layers": _require(layer, "num_hidden_layers", int, where),
         "num_attention_heads": heads,
-        "num_key_value_heads": layer.get("num_key_value_heads") or heads,
-        "head_dim": int(head_dim),
+        "num_key_value_heads": _optional(layer, "num_key_value_heads", int, where) or heads,
+        "head_dim": head_dim,
         "intermediate_size": _require(layer, "intermediate_size", int, where),
         "vocab_size": _require(layer, "vocab_size", int, where),
     }
+
+
+def _refuse_biases(layer: Mapping[str, Any], where: str) -> None:
+    """Biased projections cannot be served: SGLang's EAGLE-3 draft layer rebuilds its qkv_proj
+    with bias=False (llama_eagle3.py) and SGLang's LlamaMLP has no biases (llama.py), so the
+    trained biases would be dropped. Said here, by field, not as unexpected tensors."""
+    for key, what in (
+        ("attention_bias", "q/k/v projections without biases"),
+        ("mlp_bias", "gate/up/down projections without biases"),
+    ):
+        if _flag(layer, key, where):
+            raise DrafterConfigError(
+                f"{where}: {key} is true, but SGLang's EAGLE-3 draft layer has {what}, so "
+                f"the trained biases would be dropped: expected {key} false, found true. "
+                "Retrain the drafter without biases."
+            )
 
 
 def _aux_ids(value: Any, where: str, key: str) -> tuple[int, ...] | None:
@@ -463,7 +507,7 @@ def _speculators_spec(config: Mapping[str, Any], cfg_file: Path) -> DrafterSpec:
             f"{where}: speculators_model_type is {kind!r}; only 'eagle3' drafters are served by "
             "SGLang's EAGLE-3 path"
         )
-    archs = config.get("architectures") or ["Eagle3Speculator"]
+    archs = _architectures(config, where) or ["Eagle3Speculator"]
     if archs[0] not in SPECULATORS_ARCHITECTURES:
         raise DrafterConfigError(
             f"{where}: architectures is {archs}; expected one of {list(SPECULATORS_ARCHITECTURES)}"
@@ -477,6 +521,7 @@ def _speculators_spec(config: Mapping[str, Any], cfg_file: Path) -> DrafterSpec:
             f"types: {list(SUPPORTED_LAYER_TYPES)}"
         )
     geometry = _layer_geometry(layer, layer_where)
+    _refuse_biases(layer, layer_where)
     draft_vocab = _require(config, "draft_vocab_size", int, where)
     if draft_vocab > geometry["vocab_size"]:
         raise DrafterConfigError(
@@ -497,8 +542,15 @@ def _speculators_spec(config: Mapping[str, Any], cfg_file: Path) -> DrafterSpec:
     target_hidden = config.get("target_hidden_size")
     if target_hidden is not None and (not isinstance(target_hidden, int) or target_hidden <= 0):
         raise DrafterConfigError(f"{where}: target_hidden_size must be a positive integer")
-    proposals = (config.get("speculators_config") or {}).get("proposal_methods") or [{}]
-    verifier = (config.get("speculators_config") or {}).get("verifier") or {}
+    speculators_config = _optional(config, "speculators_config", dict, where) or {}
+    config_where = f"{where}: speculators_config"
+    proposals = _optional(speculators_config, "proposal_methods", list, config_where) or [{}]
+    if not isinstance(proposals[0], dict):
+        raise DrafterConfigError(
+            f"{config_where}: field 'proposal_methods' must be a list of objects, "
+            f"found {proposals!r}"
+        )
+    verifier = _optional(speculators_config, "verifier", dict, config_where) or {}
     return DrafterSpec(
         format="speculators",
         source=str(cfg_file.parent),
@@ -516,7 +568,7 @@ def _speculators_spec(config: Mapping[str, Any], cfg_file: Path) -> DrafterSpec:
         norm_output=_flag(config, "norm_output", where),
         embed_requires_grad=_flag(config, "embed_requires_grad", where),
         tie_word_embeddings=False,  # speculators always saves its own lm_head
-        attention_bias=_flag(layer, "attention_bias", layer_where),
+        attention_bias=False,  # _refuse_biases
         layer_types=layer_types,
         sliding_window=window,
         speculative_tokens=proposals[0].get("speculative_tokens"),
@@ -527,12 +579,12 @@ def _speculators_spec(config: Mapping[str, Any], cfg_file: Path) -> DrafterSpec:
 
 
 def _sliding_window(layer: Mapping[str, Any], num_layers: int, where: str):
-    layer_types = layer.get("layer_types") or []
+    layer_types = _optional(layer, "layer_types", list, where) or []
     if layer_types and len(layer_types) != num_layers:
         raise DrafterConfigError(
             f"{where}: layer_types has {len(layer_types)} entries for {num_layers} layers"
         )
-    unknown = sorted(set(layer_types) - {"full_attention", "sliding_attention"})
+    unknown = [t for t in layer_types if t not in ("full_attention", "sliding_attention")]
     if unknown:
         raise DrafterConfigError(f"{where}: unknown layer_types {unknown}")
     window = layer.get("sliding_window")
@@ -545,7 +597,7 @@ def _sliding_window(layer: Mapping[str, Any], num_layers: int, where: str):
 
 def _sglang_spec(config: Mapping[str, Any], cfg_file: Path) -> DrafterSpec:
     where = str(cfg_file)
-    archs = config.get("architectures") or []
+    archs = _architectures(config, where) or []
     if not archs or archs[0] not in SGLANG_EAGLE3_ARCHITECTURES:
         raise DrafterConfigError(
             f"{where}: not an EAGLE-3 drafter: no 'speculators_model_type' and architectures is "
@@ -553,21 +605,22 @@ def _sglang_spec(config: Mapping[str, Any], cfg_file: Path) -> DrafterSpec:
             "config)"
         )
     geometry = _layer_geometry(config, where)
-    eagle = config.get("eagle_config") or {}
+    _refuse_biases(config, where)
+    eagle = _optional(config, "eagle_config", dict, where) or {}
     aux = _aux_ids(
         eagle.get("eagle_aux_hidden_state_layer_ids"),
         where,
         "eagle_config.eagle_aux_hidden_state_layer_ids",
     )
-    num_aux = config.get("num_aux_hidden_states") or (len(aux) if aux else 3)
+    num_aux = _optional(config, "num_aux_hidden_states", int, where) or (len(aux) if aux else 3)
     return DrafterSpec(
         format="sglang",
         source=str(cfg_file.parent),
         architecture=archs[0],
         layer_type="llama",
         **geometry,
-        draft_vocab_size=config.get("draft_vocab_size"),
-        target_hidden_size=config.get("target_hidden_size"),
+        draft_vocab_size=_optional(config, "draft_vocab_size", int, where),
+        target_hidden_size=_optional(config, "target_hidden_size", int, where),
         aux_hidden_state_layer_ids=aux,
         aux_id_convention="sglang",
         num_aux_hidden_states=int(num_aux),

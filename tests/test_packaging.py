@@ -1,0 +1,135 @@
+"""What `pip install .` ships: the wheel built from the source tree, checked from its contents.
+
+The other tests import sglang_ext from the source tree, so a file missing from the wheel (the
+demo's bundled drafter once shipped only its config.py) passes them all. These build the wheel
+the way pip does (setuptools' PEP 517 backend) and run README's first command from it, outside
+the source tree. `.ci/run` also installs that wheel with pip and runs `sglang-ext demo`.
+"""
+
+from __future__ import annotations
+
+import configparser
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+# What setuptools reads to build the wheel (pyproject: packages.find include sglang_ext*).
+BUILD_INPUTS = ("pyproject.toml", "README.md", "LICENSE", "sglang_ext")
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    src = tmp_path_factory.mktemp("src")
+    for name in BUILD_INPUTS:
+        path = ROOT / name
+        if path.is_dir():
+            shutil.copytree(path, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+        elif path.exists():
+            shutil.copy2(path, src / name)
+    out = tmp_path_factory.mktemp("dist")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, setuptools.build_meta as backend; print(backend.build_wheel(sys.argv[1]))",
+            str(out),
+        ],
+        cwd=src,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out / proc.stdout.strip().splitlines()[-1]
+
+
+def test_wheel_ships_every_data_file(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    data = sorted(
+        p.relative_to(ROOT).as_posix()
+        for p in (ROOT / "sglang_ext" / "data").rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    )
+    assert "sglang_ext/data/demo/drafter/config.json" in data
+    missing = [name for name in data if name not in names]
+    assert missing == [], f"not in {wheel.name}: {missing}"
+
+
+def test_wheel_carries_the_license_and_entry_points(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    licenses = [n for n in names if ".dist-info/" in n and n.endswith("LICENSE")]
+    assert licenses, names
+    text = zipfile.ZipFile(wheel).read(licenses[0]).decode()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+    assert "END OF TERMS AND CONDITIONS" in text  # the full text, not a pointer to it
+    entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
+    parser = configparser.ConfigParser()
+    parser.read_string(zipfile.ZipFile(wheel).read(entry_points).decode())
+    assert parser["console_scripts"]["sglang-ext"].strip() == "sglang_ext.cli:main"
+    assert parser["sglang.srt.plugins"]["sglang_ext"].strip() == "sglang_ext.plugin:register"
+
+
+def test_demo_runs_from_the_wheel_outside_the_source_tree(wheel, tmp_path):
+    """README's first command on a machine without speculators (pip install . does not pull
+    it): the demo copies the bundled fixture, which must be in the wheel."""
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    work = tmp_path / "work"
+    work.mkdir()
+    script = (
+        "import sys\n"
+        "sys.modules['speculators'] = None  # as after `pip install .`: no speculators\n"
+        "import sglang_ext\n"
+        f"assert sglang_ext.__file__.startswith({str(site)!r}), sglang_ext.__file__\n"
+        "from sglang_ext.cli import main\n"
+        "raise SystemExit(main(['demo', '--out', 'demo']))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(site)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=work, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "verdict: OK" in proc.stdout
+
+
+def _readme_commands() -> list[str]:
+    readme = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", readme, re.S)
+    commands = []
+    for block in blocks:
+        for line in block.splitlines():
+            line = line.split("#", 1)[0].strip()
+            commands.extend(part.strip() for part in line.split("&&") if part.strip())
+    return commands
+
+
+def test_readme_installs_from_something_that_exists():
+    """sglang-ext is not published on PyPI: README installs the source tree, a wheel built
+    from it, or a git URL, never a bare name."""
+    installs = [c for c in _readme_commands() if re.match(r"(python -m )?pip install\b", c)]
+    assert installs
+    for command in installs:
+        words = shlex.split(command)
+        for arg in (w for w in words[words.index("install") + 1 :] if not w.startswith("-")):
+            assert arg == "." or arg.startswith(".[") or arg.endswith(".whl") or "git+" in arg, (
+                f"README: `{command}` installs {arg!r}, which pip cannot find"
+            )
+
+
+def test_ci_runs_readme_command_one_from_a_non_editable_wheel():
+    """README's command 1 is what .ci/run checks: the wheel, installed without -e, then
+    `sglang-ext demo` outside the source tree with verdict OK."""
+    assert "pip install . && sglang-ext demo" in (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert re.search(r"pip wheel .*--no-deps.* \.$", ci, re.M), ci
+    install = re.search(r"^.*pip install .*\.whl.*$", ci, re.M)
+    assert install and " -e " not in install.group(0)
+    assert re.search(r"cd \S+ .*sglang-ext demo", ci) and "verdict: OK" in ci
