@@ -142,7 +142,11 @@ def cluster():
 
     converted = LOG_DIR / "converted-llama-drafter"
     RESULTS["converted_differences"] = convert(
-        FIXTURES / "llama-drafter", converted, target=FIXTURES / "llama-target", force=True
+        FIXTURES / "llama-drafter",
+        converted,
+        target=FIXTURES / "llama-target",
+        force=True,
+        overwrite=True,  # this suite's own scratch copy from an earlier run
     )
     llama, drafter = str(FIXTURES / "llama-target"), str(FIXTURES / "llama-drafter")
     metrics_env = {"SGLANG_EXT_ACCEPTANCE_JSONL": str(JSONL)}
