@@ -165,58 +165,9 @@ def deep_aux_ids(scale: MlaScale) -> list[int]:
 
 
 def stage_base(args, scale: MlaScale) -> dict[str, Any]:
-    out, device = args.out, args.device
     if scale.served:
         check_served_geometry(scale.target)
-    t0 = time.perf_counter()
-    mf.seed_all(args.seed)
-    corpus = mf.collect_sources()
-    train_files = mf.select_training_subset(corpus, scale.train_char_budget)
-    hf_tok = mf.train_tokenizer([t for _, t in train_files], scale.vocab_size, out / "tokenizer")
-    train_stream = mf.encode_stream(hf_tok, [t for _, t in train_files])
-    heldout_stream = mf.encode_stream(hf_tok, [t for _, t in corpus.heldout])
-    prompts = mf.make_prompts(hf_tok, corpus.heldout, scale, args.seed)
-    with (out / "prompts.jsonl").open("w") as fh:
-        for prompt in prompts:
-            fh.write(json.dumps(prompt) + "\n")
-    torch.save({"train": train_stream, "heldout": heldout_stream}, out / "streams.pt")
-    data_s = time.perf_counter() - t0
-
-    mf.seed_all(args.seed + 3)
-    model = mf.build_dsv3(dict(scale.target), scale.vocab_size)
-    train = mf.train_causal_lm(
-        model,
-        train_stream,
-        seq_len=scale.seq_len,
-        device=device,
-        seed=args.seed + 3,
-        **scale.target_train,
-    )
-    heldout = mf.eval_causal_lm(
-        model, mf.heldout_chunks(heldout_stream, scale.seq_len, scale.heldout_eval_chunks), device
-    )
-    mf.log(f"dsv3 target: loss {train['last_loss']} (train), held-out {heldout}")
-
-    d = scale.distill
-    t1 = time.perf_counter()
-    new = scale.seq_len - d["prompt_len"]
-    windows = msf._random_windows(train_stream, d["sequences"], d["prompt_len"], args.seed + 4)
-    distill = msf.greedy_continuations(model, windows, new, d["batch"], device)
-    held = msf._random_windows(heldout_stream, d["heldout_sequences"], d["prompt_len"], args.seed)
-    heldout_distill = msf.greedy_continuations(model, held, new, d["batch"], device)
-    torch.save({"train": distill, "heldout": heldout_distill}, out / "distill.pt")
-    distill_s = time.perf_counter() - t1
-    save_dsv3_target(model, out / "small-target", hf_tok, bf16=device == "cuda")
-    return {
-        "data": {
-            "train_tokens": int(train_stream.numel()),
-            "heldout_tokens": int(heldout_stream.numel()),
-            "prompts": len(prompts),
-            "wall_s": round(data_s, 2),
-        },
-        "small_target": {**mf.target_summary(model), "train": train, "heldout": heldout},
-        "distill": {**d, "new_tokens": new, "wall_s": round(distill_s, 2)},
-    }
+    return msf.base_stage(args, scale, mf.build_dsv3, 3, save_dsv3_target)
 
 
 def save_dsv3_target(model, out_dir: Path, hf_tok, bf16: bool) -> None:
@@ -237,48 +188,10 @@ def load_dsv3(path: Path, device: str, dtype: torch.dtype):
 
 def stage_drafter(args, scale: MlaScale) -> dict[str, Any]:
     out, device = args.out, args.device
-    streams = torch.load(out / "streams.pt")
-    distill = torch.load(out / "distill.pt")
     target = load_dsv3(out / "small-target", device, torch.float32)
-    cfg = scale.drafter_train
-    drafter, source = mf.build_drafter(
-        out / "small-target",
-        num_layers=1,
-        draft_arch="llama",
-        aux_ids=list(scale.aux_ids),
-        t2d=None,
-        d2t=None,
-        attn_impl=args.draft_attn_impl,
-        seed=args.seed + 15,
-        norm_before_residual=True,
-        full_attention=True,
-        num_spec_tokens=cfg["ttt_steps"],
+    _, summary = msf.distilled_drafter(
+        args, scale, target, nbr=True, seed=args.seed + 15, out_name="small-drafter"
     )
-    half = cfg["chunks"] // 2
-
-    def sample(gen: torch.Generator) -> torch.Tensor:
-        rows = torch.randint(0, len(distill["train"]), (cfg["chunks"] - half,), generator=gen)
-        raw = mf.sample_batch(streams["train"], half, scale.seq_len, gen, device)
-        return torch.cat([raw, distill["train"][rows].long().to(device)])
-
-    train = mf.train_drafter(
-        drafter,
-        target,
-        streams["train"],
-        mf.heldout_chunks(streams["heldout"], scale.seq_len, scale.heldout_eval_chunks),
-        steps=cfg["steps"],
-        chunks=cfg["chunks"],
-        seq_len=scale.seq_len,
-        lr=cfg["lr"],
-        device=device,
-        seed=args.seed + 15,
-        loss_impl="fused" if device == "cuda" else "eager",
-        compile_drafter=False,
-        time_cap=cfg["time_cap"],
-        ttt_steps=cfg["ttt_steps"],
-        sample_fn=sample,
-    )
-    mf.save_drafter(drafter, out / "small-drafter", bf16=device == "cuda")
     del target
     if device == "cuda":
         torch.cuda.empty_cache()
@@ -290,7 +203,7 @@ def stage_drafter(args, scale: MlaScale) -> dict[str, Any]:
     dtypes = ("bfloat16", "float32") if args.ref_fp32 or device != "cuda" else ("bfloat16",)
     dtypes = dtypes if device == "cuda" else ("float32",)
     for dtype in dtypes:
-        summary = ref.evaluate_tau(
+        result = ref.evaluate_tau(
             ref.load_target(out / "small-target", device=device, dtype=dtype),
             ref.load_drafter(out / "small-drafter", device=device, dtype=dtype),
             [p["input_ids"] for p in prompts],
@@ -299,17 +212,11 @@ def stage_drafter(args, scale: MlaScale) -> dict[str, Any]:
         )
         (out / "reference").mkdir(exist_ok=True)
         with (out / "reference" / f"drafter.{dtype}.jsonl").open("w") as fh:
-            for prompt, row in zip(prompts, summary.pop("per_prompt"), strict=True):
+            for prompt, row in zip(prompts, result.pop("per_prompt"), strict=True):
                 fh.write(json.dumps(mf._clean_floats({"id": prompt["id"], **row})) + "\n")
-        references[dtype] = {**summary, "per_prompt_file": f"reference/drafter.{dtype}.jsonl"}
-        mf.log(f"reference {dtype}: tau {summary['tau']:.3f} at {r['steps']} steps")
-    return {
-        "small_drafter": {
-            **mf.drafter_summary(drafter, "small-target", source),
-            "train": train,
-            "reference": references,
-        }
-    }
+        references[dtype] = {**result, "per_prompt_file": f"reference/drafter.{dtype}.jsonl"}
+        mf.log(f"reference {dtype}: tau {result['tau']:.3f} at {r['steps']} steps")
+    return {"small_drafter": {**summary, "reference": references}}
 
 
 # -- deepen -------------------------------------------------------------------------------

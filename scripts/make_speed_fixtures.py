@@ -177,7 +177,10 @@ def _random_windows(stream: torch.Tensor, n: int, length: int, seed: int) -> tor
 # --------------------------------------------------------------------------------------
 
 
-def stage_base(args, scale: SpeedScale) -> dict[str, Any]:
+def base_stage(args, scale, build, seed_offset: int, save) -> dict[str, Any]:
+    """Tokenizer, data and held-out prompts (as scripts/make_fixtures.py), the small target
+    ``build(cfg, vocab)`` trained, its greedy continuations, ``save(model, dir, tok, bf16)``
+    to small-target/. Shared by this script and scripts/make_mla_fixtures.py."""
     out, device = args.out, args.device
     t0 = time.perf_counter()
     mf.seed_all(args.seed)
@@ -193,20 +196,20 @@ def stage_base(args, scale: SpeedScale) -> dict[str, Any]:
     torch.save({"train": train_stream, "heldout": heldout_stream}, out / "streams.pt")
     data_s = time.perf_counter() - t0
 
-    mf.seed_all(args.seed + 1)
-    model = mf.build_llama(dict(scale.target), scale.vocab_size)
+    mf.seed_all(args.seed + seed_offset)
+    model = build(dict(scale.target), scale.vocab_size)
     train = mf.train_causal_lm(
         model,
         train_stream,
         seq_len=scale.seq_len,
         device=device,
-        seed=args.seed + 1,
-        **{k: v for k, v in scale.target_train.items()},
+        seed=args.seed + seed_offset,
+        **scale.target_train,
     )
     heldout = mf.eval_causal_lm(
         model, mf.heldout_chunks(heldout_stream, scale.seq_len, scale.heldout_eval_chunks), device
     )
-    mf.log(f"target: loss {train['last_loss']} (train), {heldout['loss']} (held-out)")
+    mf.log(f"target: loss {train['last_loss']} (train), held-out {heldout}")
 
     # The drafter's serving distribution: the target's own greedy text. Prompts come from
     # the training split; the held-out continuations (from held-out text, never the bench
@@ -230,7 +233,7 @@ def stage_base(args, scale: SpeedScale) -> dict[str, Any]:
     )
     torch.save({"train": distill, "heldout": heldout_distill}, out / "distill.pt")
     distill_s = time.perf_counter() - t1
-    mf.save_target(model, out / "small-target", hf_tok, bf16=device == "cuda")
+    save(model, out / "small-target", hf_tok, device == "cuda")
     return {
         "data": {
             "train_tokens": int(train_stream.numel()),
@@ -251,15 +254,18 @@ def stage_base(args, scale: SpeedScale) -> dict[str, Any]:
     }
 
 
-def stage_drafter(args, scale: SpeedScale) -> dict[str, Any]:
-    from transformers import LlamaForCausalLM
+def stage_base(args, scale: SpeedScale) -> dict[str, Any]:
+    return base_stage(args, scale, mf.build_llama, 1, mf.save_target)
 
-    out, device, tag = args.out, args.device, f"nbr-{args.nbr}"
-    nbr = args.nbr == "true"
+
+def distilled_drafter(args, scale, target, *, nbr: bool, seed: int, out_name: str):
+    """A speculators drafter for small-target/ trained with speculators' forward and loss on
+    half raw text, half distillation text (scale.aux_ids, full vocabulary, full attention),
+    saved to ``out_name``; returns (drafter, summary with its training and its teacher-forced
+    accuracy on held-out greedy text). Shared with scripts/make_mla_fixtures.py."""
+    out, device = args.out, args.device
     streams = torch.load(out / "streams.pt")
     distill = torch.load(out / "distill.pt")
-    target = LlamaForCausalLM.from_pretrained(out / "small-target", dtype=torch.float32)
-    target.to(device).eval()
     cfg = scale.drafter_train
     drafter, source = mf.build_drafter(
         out / "small-target",
@@ -269,7 +275,7 @@ def stage_drafter(args, scale: SpeedScale) -> dict[str, Any]:
         t2d=None,
         d2t=None,
         attn_impl=args.draft_attn_impl,
-        seed=args.seed + (11 if nbr else 12),
+        seed=seed,
         norm_before_residual=nbr,
         full_attention=True,
         num_spec_tokens=cfg["ttt_steps"],
@@ -292,7 +298,7 @@ def stage_drafter(args, scale: SpeedScale) -> dict[str, Any]:
         seq_len=scale.seq_len,
         lr=cfg["lr"],
         device=device,
-        seed=args.seed + (11 if nbr else 12),
+        seed=seed,
         loss_impl=loss_impl,
         compile_drafter=False,
         time_cap=cfg["time_cap"],
@@ -308,8 +314,31 @@ def stage_drafter(args, scale: SpeedScale) -> dict[str, Any]:
         drafter, target, distill["heldout"].long(), device, loss_config, False, cfg["ttt_steps"]
     )
     on_greedy["tau_estimate"] = round(1.0 + sum(on_greedy["full_acc_per_step"]), 4)
-    mf.log(f"drafter {tag}: teacher-forced tau on held-out greedy text {on_greedy['tau_estimate']}")
-    mf.save_drafter(drafter, out / f"small-drafter-{tag}", bf16=device == "cuda")
+    mf.log(f"{out_name}: teacher-forced tau on held-out greedy text {on_greedy['tau_estimate']}")
+    mf.save_drafter(drafter, out / out_name, bf16=device == "cuda")
+    summary = {
+        **mf.drafter_summary(drafter, "small-target", source),
+        "train": train,
+        "heldout_greedy_text": on_greedy,
+    }
+    return drafter, summary
+
+
+def stage_drafter(args, scale: SpeedScale) -> dict[str, Any]:
+    from transformers import LlamaForCausalLM
+
+    out, device, tag = args.out, args.device, f"nbr-{args.nbr}"
+    nbr = args.nbr == "true"
+    target = LlamaForCausalLM.from_pretrained(out / "small-target", dtype=torch.float32)
+    target.to(device).eval()
+    _, summary = distilled_drafter(
+        args,
+        scale,
+        target,
+        nbr=nbr,
+        seed=args.seed + (11 if nbr else 12),
+        out_name=f"small-drafter-{tag}",
+    )
 
     # Offline reference tau: the reference chain loop (sglang_ext.reference) in fp32.
     r = scale.reference
@@ -325,14 +354,7 @@ def stage_drafter(args, scale: SpeedScale) -> dict[str, Any]:
     )
     reference.pop("per_prompt")
     mf.log(f"drafter {tag}: reference tau {reference['tau']:.3f} at {r['steps']} steps")
-    return {
-        f"small_drafter_{tag}": {
-            **mf.drafter_summary(drafter, "small-target", source),
-            "train": train,
-            "heldout_greedy_text": on_greedy,
-            "reference": reference,
-        }
-    }
+    return {f"small_drafter_{tag}": {**summary, "reference": reference}}
 
 
 @torch.no_grad()
