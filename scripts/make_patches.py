@@ -407,11 +407,9 @@ def commit_fusion(version: str) -> Commit:
     capture_imports = (
         "from sglang.srt.speculative.speculators_eagle3.format import load_drafter_spec\n"
         "from sglang.srt.speculative.speculators_eagle3.fusion import (\n"
-        "    capture_rule_for_model,\n"
+        "    apply_capture,\n"
         "    plan_capture,\n"
-        "    set_capture_directly,\n"
         "    target_info_from_model,\n"
-        "    verify_capture,\n"
         ")\n"
     )
     if version == "0.5.17":
@@ -434,40 +432,38 @@ def commit_fusion(version: str) -> Commit:
             "def configure_aux_hidden_state_capture(\n",
             "def _plan_eagle3_capture(model):\n"
             '    """(spec, target, plan) for the EAGLE-3 drafter being served: the layers the\n'
-            "    target must capture and the ids that make its class capture them (converting\n"
-            "    the drafter's aux-id convention for this class); None where this rank does not\n"
-            '    capture (not the last pipeline stage) or no drafter is configured."""\n'
+            "    target must capture and the ids its own set_eagle3_layers_to_capture is called\n"
+            "    with; None where this rank does not capture (not the last pipeline stage) or\n"
+            '    no drafter is configured."""\n'
             "    draft_path = get_server_args().speculative_draft_model_path\n"
             "    spec = load_drafter_spec(draft_path) if draft_path else None\n"
             '    pp_group = getattr(model, "pp_group", None)\n'
             "    if spec is None or (pp_group is not None and not pp_group.is_last_rank):\n"
             "        return None\n"
             "    target = target_info_from_model(model)\n"
-            "    return spec, target, plan_capture(spec, target, capture_rule_for_model(model))\n"
+            "    return spec, target, plan_capture(spec, target)\n"
             "\n\n",
         ),
         Edit(
             "        model.set_eagle3_layers_to_capture(eagle_aux_hidden_state_layer_ids)\n",
             "        # Capture exactly the layers the drafter was trained on, and check it before\n"
-            "        # serving: ids that collapse or fall outside the target fail here, not as a\n"
-            "        # shape error (or a silently unfused drafter) on the first request.\n"
+            "        # serving: the model's own method switches capture on, then the planned\n"
+            "        # layers are set where its class keeps them and read back. Ids that collapse\n"
+            "        # or fall outside the target fail here, not as a shape error (or a silently\n"
+            "        # unfused drafter) on the first request.\n"
             "        capture = _plan_eagle3_capture(model)\n"
             "        if capture is not None and capture[2].sglang_ids is not None:\n"
             "            eagle_aux_hidden_state_layer_ids = list(capture[2].sglang_ids)\n"
             "        model.set_eagle3_layers_to_capture(eagle_aux_hidden_state_layer_ids)\n"
             "        if capture is not None:\n"
             "            spec, target, plan = capture\n"
-            "            if plan.set_directly:\n"
-            "                set_capture_directly(model, plan)\n"
-            "            verify_capture(model, plan, target.num_hidden_layers)\n"
             "            logger.info(\n"
             '                "sglang_ext: target %s captures aux layers %s for drafter %s "\n'
-            '                "(ids passed: %s, rule %s)",\n'
+            '                "(set and read back after set_eagle3_layers_to_capture(%s))",\n'
             "                target.architecture,\n"
-            "                list(plan.captured_layers),\n"
+            "                apply_capture(model, plan),\n"
             "                spec.source,\n"
             "                eagle_aux_hidden_state_layer_ids,\n"
-            "                plan.rule,\n"
             "            )\n",
         ),
     ]
