@@ -11,7 +11,8 @@ models, the detokenizer). It registers:
   ``set_eagle3_layers_to_capture`` switch capture on, then sets the layers the drafter was
   trained on where the class keeps them and reads them back, before serving
   (``sglang_ext.fusion.apply_capture``);
-- the acceptance metrics hooks (``sglang_ext.metrics``);
+- the acceptance metrics hooks (``sglang_ext.metrics``), also in SGLang's tokenizer worker
+  processes (``--tokenizer-worker-num > 1``: ``sglang_ext.tokenizer_workers``);
 - opt-in (``SGLANG_EXT_SPLITKV_VERIFY=1``): SGLang's split-KV verify attention on CUDA
   (``sglang_ext.verify_splitkv``).
 
@@ -61,7 +62,7 @@ def _register() -> list[str]:
     from sglang.srt.models.registry import ModelRegistry
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from sglang_ext import metrics, verify_splitkv
+    from sglang_ext import metrics, tokenizer_workers, verify_splitkv
 
     ModelRegistry.register(MODELS_PACKAGE, overwrite=True, strict=True)
     targets = [config_hook_target(), CAPTURE_TARGET]
@@ -71,6 +72,7 @@ def _register() -> list[str]:
     HookRegistry.register(CAPTURE_TARGET, configure_capture_hook, HookType.AROUND)
     if os.environ.get("SGLANG_EXT_METRICS", "1") != "0":
         targets.extend(metrics.install())
+    targets.extend(tokenizer_workers.install())
     targets.extend(verify_splitkv.install())
     return targets
 
