@@ -1,6 +1,6 @@
 """The target captures exactly the layers the drafter was trained on, checked before serving,
-on SGLang's real target classes built on CPU (tiny configs) and its real capture hook site
-(`configure_aux_hidden_state_capture`).
+on SGLang's real target classes built on CPU (tiny configs), through the plugin's hook around
+SGLang's `configure_aux_hidden_state_capture`.
 
 The plugin calls the target's own `set_eagle3_layers_to_capture` (which switches capture on and
 may set per-layer flags), then sets the planned list where the class keeps it and reads it
@@ -103,7 +103,7 @@ TARGETS = {
 
 
 @pytest.fixture(scope="module")
-def targets(sglang_env, registered):
+def targets(sglang_env):
     """target(architecture, layers) -> SGLang's real target model, built on CPU.
 
     A server resolves the boundary reduction and the MoE ranks before it builds a target
@@ -137,23 +137,18 @@ def targets(sglang_env, registered):
         context.override("sglang_ext tests", boundary_reduction=previous)
 
 
-@pytest.fixture(scope="module")
-def registered(sglang_env):
-    from sglang.srt.plugins.hook_registry import HookRegistry
-
-    from sglang_ext import plugin
-
-    if plugin.CAPTURE_TARGET not in HookRegistry._patched:  # test_plugin may have done it
-        plugin.register()
-        HookRegistry.apply_hooks()
-    return plugin
-
-
 def configure_capture(model, ids):
-    """SGLang's own call site: the model runner passes the draft config's eagle ids."""
+    """SGLang's own startup step, with the plugin's hook around it (as HookRegistry applies it;
+    registration itself is tested in test_plugin.py, and registering here would leave SGLang
+    patched for the modules that test its stock behaviour)."""
+    import inspect
+
     from sglang.srt.model_executor.model_runner_components import attention_backend_setup
 
-    attention_backend_setup.configure_aux_hidden_state_capture(
+    from sglang_ext.plugin import configure_capture_hook
+
+    configure_capture_hook(
+        inspect.unwrap(attention_backend_setup.configure_aux_hidden_state_capture),
         model=model,
         eagle_use_aux_hidden_state=True,
         eagle_aux_hidden_state_layer_ids=ids,

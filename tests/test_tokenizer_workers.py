@@ -18,14 +18,19 @@ import pytest
 
 @pytest.fixture(scope="module")
 def registered(sglang_env):
+    """What plugin.register() does for tokenizer workers (the environment restored after)."""
     from sglang.srt.plugins.hook_registry import HookRegistry
 
-    from sglang_ext import plugin
+    from sglang_ext import tokenizer_workers
 
-    if plugin.CAPTURE_TARGET not in HookRegistry._patched:  # another module may have done it
-        plugin.register()
-        HookRegistry.apply_hooks()
-    return plugin
+    saved = os.environ.get(tokenizer_workers.APP_PATH_ENV)
+    tokenizer_workers.install()
+    HookRegistry.apply_hooks()
+    yield
+    if saved is None:
+        os.environ.pop(tokenizer_workers.APP_PATH_ENV, None)
+    else:
+        os.environ[tokenizer_workers.APP_PATH_ENV] = saved
 
 
 # What a uvicorn/Granian worker does: a fresh interpreter (inheriting the launcher's
