@@ -336,13 +336,30 @@ def check_capture(
 
 
 @dataclass(frozen=True)
+class MLAGeometry:
+    """DeepSeek-V2 multi-latent attention of an MLA draft layer (config field names)."""
+
+    q_lora_rank: int
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], where: str) -> MLAGeometry:
+        # SGLang's Eagle3MLADecoderLayer fuses q_a and kv_a into one projection and refuses a
+        # config without q_lora_rank.
+        return cls(**{name: _require(config, name, int, where) for name in cls.__annotations__})
+
+
+@dataclass(frozen=True)
 class DrafterSpec:
     """One drafter, either format, validated once. Field names follow speculators'."""
 
     format: Literal["speculators", "sglang"]
     source: str
     architecture: str
-    layer_type: Literal["llama", "qwen3"]
+    layer_type: Literal["llama", "qwen3", "mla"]
     hidden_size: int
     num_hidden_layers: int
     num_attention_heads: int
@@ -368,6 +385,8 @@ class DrafterSpec:
     speculative_tokens: int | None = None
     verifier_name_or_path: str | None = None
     dtype: str | None = None
+    # Multi-latent attention (layer_type "mla", SGLang's kimi_k25_eagle3.py); None otherwise.
+    mla: MLAGeometry | None = None
     layer_config: dict = field(default_factory=dict, compare=False, repr=False)
 
     # -- derived facts -------------------------------------------------------------------
@@ -582,6 +601,9 @@ def _sliding_window(layer: Mapping[str, Any], num_layers: int, where: str):
     return tuple(layer_types), (window if "sliding_attention" in layer_types else None)
 
 
+MLA_DRAFTER_ARCHITECTURE = "Eagle3DeepseekV2ForCausalLM"
+
+
 def _sglang_spec(config: Mapping[str, Any], cfg_file: Path) -> DrafterSpec:
     where = str(cfg_file)
     archs = config.get("architectures") or []
@@ -599,11 +621,26 @@ def _sglang_spec(config: Mapping[str, Any], cfg_file: Path) -> DrafterSpec:
         "eagle_config.eagle_aux_hidden_state_layer_ids",
     )
     num_aux = config.get("num_aux_hidden_states") or (len(aux) if aux else 3)
+    norm_before_fc = bool(eagle.get("norm_before_fc", config.get("norm_before_fc", False)))
+    mla = None
+    if archs[0] == MLA_DRAFTER_ARCHITECTURE:
+        mla = MLAGeometry.from_config(config, where)
+        num_aux = _mla_aux_count(config, aux, where)
+        if geometry["num_hidden_layers"] != 1:
+            raise DrafterConfigError(
+                f"{where}: num_hidden_layers is {geometry['num_hidden_layers']}; SGLang's "
+                f"{MLA_DRAFTER_ARCHITECTURE} has exactly 1 draft layer"
+            )
+        if norm_before_fc:
+            raise DrafterConfigError(
+                f"{where}: norm_before_fc is true, but SGLang's {MLA_DRAFTER_ARCHITECTURE} has "
+                "no input norm before fc (kimi_k25_eagle3.py); it would be ignored"
+            )
     return DrafterSpec(
         format="sglang",
         source=str(cfg_file.parent),
         architecture=archs[0],
-        layer_type="llama",
+        layer_type="mla" if mla else "llama",
         **geometry,
         draft_vocab_size=config.get("draft_vocab_size"),
         target_hidden_size=config.get("target_hidden_size"),
@@ -611,15 +648,32 @@ def _sglang_spec(config: Mapping[str, Any], cfg_file: Path) -> DrafterSpec:
         aux_id_convention="sglang",
         num_aux_hidden_states=int(num_aux),
         norm_before_residual=False,
-        norm_before_fc=bool(eagle.get("norm_before_fc", config.get("norm_before_fc", False))),
+        norm_before_fc=norm_before_fc,
         fc_norm=bool(config.get("fc_norm") or config.get("use_aux_norm")),
         norm_output=bool(config.get("norm_output", False)),
         embed_requires_grad=False,
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
         attention_bias=False,
         dtype=config.get("dtype") or config.get("torch_dtype"),
+        mla=mla,
         layer_config=dict(config),
     )
+
+
+def _mla_aux_count(config: Mapping[str, Any], aux, where: str) -> int:
+    """kimi_k25_eagle3.py:_get_eagle_aux_layer_count: eagle_config ids, else top-level ids,
+    else 3; SGLang's MLA drafter never reads num_aux_hidden_states."""
+    if aux is None:
+        key = "eagle_aux_hidden_state_layer_ids"
+        aux = _aux_ids(config.get(key), where, key)
+    count = len(aux) if aux else 3
+    stated = config.get("num_aux_hidden_states")
+    if stated is not None and stated != count:
+        raise DrafterConfigError(
+            f"{where}: num_aux_hidden_states is {stated}, but SGLang's "
+            f"{MLA_DRAFTER_ARCHITECTURE} sizes fc for {count} aux states (from the aux layer ids)"
+        )
+    return count
 
 
 # --------------------------------------------------------------------------------------------
@@ -687,6 +741,8 @@ def spec_from_hf_config(config) -> DrafterSpec | None:
     for key in ("aux_hidden_state_layer_ids", "layer_types"):
         if data.get(key) is not None:
             data[key] = tuple(data[key])
+    if data.get("mla") is not None:
+        data["mla"] = MLAGeometry(**data["mla"])
     return DrafterSpec(**data)
 
 
@@ -785,16 +841,62 @@ SGLANG_LEGACY_PREFIXES: tuple[tuple[str, str], ...] = (
 )
 
 
+# SGLang's MLA drafter (kimi_k25_eagle3.py:Eagle3DeepseekV2ForCausalLM.load_weights): one draft
+# layer, `layers.0.` in the checkpoint and `model.midlayer.` in the model; q_a_proj and
+# kv_a_proj_with_mqa are stacked (q first) into fused_qkv_a_proj_with_mqa, whose input is
+# cat(embeds, hidden), twice the hidden size.
+_MLA = "model.midlayer."
+MLA_KEY_TABLE: tuple[KeyRule, ...] = (
+    KeyRule("fc.weight", "model.fc.weight"),
+    KeyRule("fc_norm.{n}.weight", "model.fc_norm.{n}.weight", note="fc_norm (per aux state)"),
+    KeyRule("norm.weight", "model.norm.weight"),
+    KeyRule("lm_head.weight", "lm_head.weight"),
+    KeyRule("embed_tokens.weight", "model.embed_tokens.weight"),
+    KeyRule(
+        "layers.{n}.self_attn.q_a_proj.weight",
+        _MLA + "self_attn.fused_qkv_a_proj_with_mqa.weight",
+        "q_a",
+        layers="first",
+    ),
+    KeyRule(
+        "layers.{n}.self_attn.kv_a_proj_with_mqa.weight",
+        _MLA + "self_attn.fused_qkv_a_proj_with_mqa.weight",
+        "kv_a",
+        layers="first",
+    ),
+    *(
+        KeyRule(f"layers.{{n}}.{name}.weight", f"{_MLA}{name}.weight", layers="first")
+        for name in (
+            "self_attn.q_a_layernorm",
+            "self_attn.q_b_proj",
+            "self_attn.kv_a_layernorm",
+            "self_attn.kv_b_proj",
+            "self_attn.o_proj",
+            "mlp.down_proj",
+            "input_layernorm",
+            "hidden_norm",
+            "post_attention_layernorm",
+        )
+    ),
+    KeyRule("layers.{n}.mlp.gate_proj.weight", _MLA + "mlp.gate_up_proj.weight", 0, "first"),
+    KeyRule("layers.{n}.mlp.up_proj.weight", _MLA + "mlp.gate_up_proj.weight", 1, "first"),
+)
+
+
 def _compile(rule: KeyRule) -> re.Pattern:
     return re.compile("^" + re.escape(rule.pattern).replace(r"\{n\}", r"(?P<n>\d+)") + "$")
 
 
-_COMPILED = tuple((rule, _compile(rule)) for rule in KEY_TABLE)
+_COMPILED = {
+    "layers": tuple((rule, _compile(rule)) for rule in KEY_TABLE),
+    "mla": tuple((rule, _compile(rule)) for rule in MLA_KEY_TABLE),
+}
 
 
-def canonical_checkpoint_name(name: str, fmt: str) -> str:
-    """Strip SGLang-dialect prefixes (`model.`, `midlayer.`) to the table's names."""
-    if fmt == "sglang":
+def canonical_checkpoint_name(name: str, fmt: str, mla: bool = False) -> str:
+    """Strip SGLang-dialect prefixes (`model.`, `midlayer.`) to the table's names. SGLang's MLA
+    drafter reads its checkpoint's names as they are (it adds `model.` itself)."""
+    if fmt == "sglang" and not mla:
         if name.startswith("model."):
             name = name[len("model.") :]
         for old, new in SGLANG_LEGACY_PREFIXES:
@@ -803,10 +905,13 @@ def canonical_checkpoint_name(name: str, fmt: str) -> str:
     return name
 
 
-def route(name: str, fmt: str) -> tuple[str, str | int | None, KeyRule] | None:
+def route(
+    name: str, fmt: str, layer_type: str = "llama"
+) -> tuple[str, str | int | None, KeyRule] | None:
     """The (model parameter, shard id, rule) a checkpoint tensor fills, or None if no rule."""
-    canonical = canonical_checkpoint_name(name, fmt)
-    for rule, regex in _COMPILED:
+    mla = layer_type == "mla"
+    canonical = canonical_checkpoint_name(name, fmt, mla)
+    for rule, regex in _COMPILED["mla" if mla else "layers"]:
         if fmt not in rule.formats:
             continue
         match = regex.match(canonical)
