@@ -203,9 +203,12 @@ class CaptureSlot:
     def find(cls, model) -> CaptureSlot | None:
         for owner_path, switch_path in CAPTURE_SLOTS:
             owner = _attribute_path(model, owner_path)
-            switch = _attribute_path(model, switch_path)
-            if owner is not None and hasattr(owner, "layers_to_capture") and switch is not None:
-                return cls(type(model).__name__, owner, switch)
+            if owner is None or not hasattr(owner, "layers_to_capture"):
+                continue
+            # qwen3_vl.py sets the switch on both; a wrapper may keep it on itself only.
+            holders = (_attribute_path(model, switch_path), model)
+            switch = next((h for h in holders if hasattr(h, "capture_aux_hidden_states")), model)
+            return cls(type(model).__name__, owner, switch)
         return None
 
     @property

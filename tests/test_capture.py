@@ -331,3 +331,12 @@ def test_a_capture_that_cannot_be_verified_is_an_error(targets, serve, speculato
     with pytest.raises(DrafterConfigError, match="TextWrapper") as info:
         configure_capture(wrapper, [1, 3, 4])
     assert "layers_to_capture" in str(info.value)
+
+
+def test_a_capture_left_switched_off_is_an_error(targets, serve, speculators_drafter):
+    """The layers are right, but the forward would not return them."""
+    serve(speculators_drafter((1, 3, 4), 6))
+    target = targets("LlamaForCausalLM", 6)
+    target.set_eagle3_layers_to_capture = lambda ids: None  # a class that forgets the switch
+    with pytest.raises(DrafterConfigError, match="capture_aux_hidden_states is False"):
+        configure_capture(target, [1, 3, 4])
