@@ -69,11 +69,13 @@ GENERATED_MODULES = {
 TEST_IMPORT_HOMES = {
     "sglang_cpu": "eagle3_cpu_harness",
     "builders": "speculators_checkpoints",
+    "mla_drafters": "eagle3_mla_checkpoints",
     "eagle3_behaviour": "eagle3_behaviour",
 }
 GENERATED_TESTS = {
     f"{UNIT_DIR}/conftest.py": "tests/conftest.py",
     f"{UNIT_DIR}/eagle3_cpu_harness.py": "tests/sglang_cpu.py",
+    f"{UNIT_DIR}/eagle3_mla_checkpoints.py": "tests/mla_drafters.py",
     **{
         f"{UNIT_DIR}/{name}": f"tests/behaviour/{name}"
         for name in (
@@ -481,6 +483,9 @@ def commit_fusion(version: str) -> Commit:
                 f"{UNIT_DIR}/eagle3_cpu_harness.py"
             ),
             BUILDERS_IN_TREE: generated_builders,
+            f"{UNIT_DIR}/eagle3_mla_checkpoints.py": lambda: generated_test(
+                f"{UNIT_DIR}/eagle3_mla_checkpoints.py"
+            ),
             f"{UNIT_DIR}/eagle3_behaviour.py": lambda: generated_test(
                 f"{UNIT_DIR}/eagle3_behaviour.py"
             ),
@@ -498,6 +503,7 @@ def commit_fusion(version: str) -> Commit:
             "tests/sglang_cpu.py",
             "tests/builders.py",
             "sglang_ext/demo.py",
+            "tests/mla_drafters.py",
             "tests/behaviour/eagle3_behaviour.py",
             "tests/behaviour/test_speculators_eagle3_fusion.py",
             "patches/gpu-tests/test_eagle3_fusion_guard.py",
@@ -557,6 +563,65 @@ NEW_LOAD_WEIGHTS = LOAD_WEIGHTS_DEF + '''\
 '''
 
 
+MLA_LOAD_WEIGHTS_START = LOAD_WEIGHTS_DEF + (
+    "        params_dict = dict(self.named_parameters())\n        stacked_params_mapping = [\n"
+)
+NEW_MLA_LOAD_WEIGHTS = LOAD_WEIGHTS_DEF + '''\
+        """The same load plan as llama_eagle3.py: every checkpoint tensor is loaded, ignored
+        for a stated reason, or an error, and a parameter no tensor fills is an error too
+        (names that did not match used to be skipped with a log line)."""
+        plan = LoadPlan(self.spec)
+        params_dict = dict(self.named_parameters())
+        pending: dict = {}
+        for name, loaded_weight in weights:
+            decision = plan.route(
+                name, tuple(loaded_weight.shape), torch_dtype_name(loaded_weight.dtype)
+            )
+            if decision.action == "d2t":
+                self.hot_token_id = _hot_token_ids(self.spec, loaded_weight)
+            if decision.action != "load":
+                continue
+            param = params_dict[decision.param]
+            weight_loader = getattr(param, "weight_loader", default_weight_loader)
+            expected = plan.params[decision.param]
+            if expected.concatenated:
+                # q_a_proj and kv_a_proj_with_mqa, joined in that order once both arrived
+                parts = pending.setdefault(decision.param, {})
+                parts[decision.shard] = loaded_weight
+                if len(parts) == len(expected.shards):
+                    weight_loader(param, torch.cat([parts[s] for s in expected.shards], dim=0))
+            elif decision.shard is None:
+                weight_loader(param, loaded_weight)
+            else:
+                weight_loader(param, loaded_weight, decision.shard)
+        report = plan.finish()
+        report.raise_for_errors()
+        self.load_report = report
+        logger.info(
+            "sglang_ext: loaded %d tensors from %s (%d ignored, %d derived)",
+            report.count("loaded"),
+            self.spec.source,
+            report.count("ignored"),
+            report.count("derived"),
+        )
+        self.post_load_weights()
+
+'''
+MLA_HOT_TOKEN_IDS = '''
+
+def _hot_token_ids(spec, d2t: torch.Tensor) -> torch.Tensor:
+    # d2t stores diffs between draft id and target id
+    ids = d2t.to(torch.int64) + torch.arange(d2t.shape[0], dtype=torch.int64)
+    bad = (ids < 0) | (ids >= spec.vocab_size)
+    if bool(bad.any()):
+        raise DrafterLoadError(
+            f"{spec.source}: d2t maps {int(bad.sum())} draft ids outside the target "
+            f"vocabulary [0, {spec.vocab_size})"
+        )
+    return ids
+'''
+
+
 def commit_loading(version: str) -> Commit:
     del version  # the same anchors in every supported version
     llama = [
@@ -609,11 +674,38 @@ def commit_loading(version: str) -> Commit:
             new=NEW_LOAD_WEIGHTS,
         ),
     ]
+    kimi = [
+        Edit("import logging\nimport re\n", "import logging\n"),  # only load_weights used it
+        insert_before(
+            "\nlogger = logging.getLogger(__name__)\n",
+            "from sglang.srt.speculative.speculators_eagle3.format import drafter_spec_for\n"
+            "from sglang.srt.speculative.speculators_eagle3.loading import (\n"
+            "    DrafterLoadError,\n"
+            "    LoadPlan,\n"
+            "    torch_dtype_name,\n"
+            ")\n",
+        ),
+        insert_after(
+            "        self.capture_aux_hidden_states = True\n        self.hot_token_id = None\n",
+            "\n"
+            "        # The same load plan as llama_eagle3.py accounts for every parameter.\n"
+            "        self.spec = drafter_spec_for(config)\n"
+            "        LoadPlan(self.spec).check_model_parameters(\n"
+            "            name for name, _ in self.named_parameters()\n"
+            "        )\n",
+        ),
+        Region(
+            start=MLA_LOAD_WEIGHTS_START,
+            end="    def post_load_weights(self) -> None:\n",
+            new=NEW_MLA_LOAD_WEIGHTS,
+        ),
+        insert_before("\n\nclass Eagle3MLADecoderLayer(nn.Module):\n", MLA_HOT_TOKEN_IDS),
+    ]
     return Commit(
         slug="eagle3-strict-draft-weight-loading",
         subject="[Spec] EAGLE-3: strict draft weight loading with a load report",
         body=BODY_LOADING,
-        edits={LLAMA: llama},
+        edits={LLAMA: llama, KIMI: kimi},
         new_files={
             f"{PKG}/loading.py": lambda: generated_module(f"{PKG}/loading.py"),
             f"{UNIT_DIR}/test_speculators_eagle3_loading.py": lambda: generated_test(
@@ -624,7 +716,7 @@ def commit_loading(version: str) -> Commit:
             "sglang_ext/loading.py",
             "tests/behaviour/test_speculators_eagle3_loading.py",
         ],
-        ported_from=["sglang_ext/models/llama_eagle3.py"],
+        ported_from=["sglang_ext/models/llama_eagle3.py", "sglang_ext/models/kimi_k25_eagle3.py"],
     )
 
 

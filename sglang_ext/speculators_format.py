@@ -732,6 +732,16 @@ def to_sglang_config(spec: DrafterSpec):
     return config
 
 
+def drafter_spec_for(config) -> DrafterSpec:
+    """The typed spec of the drafter SGLang builds from `config`: attached by the speculators
+    translation, or read from the SGLang-format config itself."""
+    spec = spec_from_hf_config(config)
+    if spec is not None:
+        return spec
+    source = getattr(config, "_name_or_path", "") or "<drafter>"
+    return _sglang_spec(config.to_dict(), config_path(source) if source else config_path("."))
+
+
 def spec_from_hf_config(config) -> DrafterSpec | None:
     """The DrafterSpec our translation attached to an SGLang-side config, if any."""
     data = getattr(config, SPEC_ATTRIBUTE, None)

@@ -22,7 +22,8 @@ from sglang.srt.utils import BumpAllocator
 from sglang_ext import compat
 from sglang_ext.fusion import FusionPolicy, check_algorithm
 from sglang_ext.loading import LoadPlan
-from sglang_ext.models.llama_eagle3 import drafter_spec_for, load_with_plan, token_embeddings
+from sglang_ext.models.llama_eagle3 import load_with_plan, token_embeddings
+from sglang_ext.speculators_format import drafter_spec_for
 
 
 class Eagle3MLAModel(upstream.Eagle3MLAModel):

@@ -32,12 +32,7 @@ from sglang.srt.models.llama import LlamaAttention
 from sglang_ext import compat
 from sglang_ext.fusion import FusionPolicy, check_algorithm
 from sglang_ext.loading import DrafterLoadError, LoadPlan, LoadReport, torch_dtype_name
-from sglang_ext.speculators_format import (
-    DrafterSpec,
-    _sglang_spec,
-    config_path,
-    spec_from_hf_config,
-)
+from sglang_ext.speculators_format import DrafterSpec, drafter_spec_for
 
 logger = logging.getLogger(__name__)
 
@@ -122,15 +117,6 @@ class QKNormLlamaAttention(LlamaAttention):
         k = self.k_norm(k.reshape(-1, self.head_dim)).view(k.shape)
         q, k = self.rotary_emb(positions, q, k)
         return q, k, v
-
-
-def drafter_spec_for(config) -> DrafterSpec:
-    """The typed spec: attached by our config translation, or read from an SGLang config."""
-    spec = spec_from_hf_config(config)
-    if spec is not None:
-        return spec
-    source = getattr(config, "_name_or_path", "") or "<drafter>"
-    return _sglang_spec(config.to_dict(), config_path(source) if source else config_path("."))
 
 
 class LlamaForCausalLMEagle3(upstream.LlamaForCausalLMEagle3):
