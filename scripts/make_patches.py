@@ -69,11 +69,13 @@ GENERATED_MODULES = {
 TEST_IMPORT_HOMES = {
     "sglang_cpu": "eagle3_cpu_harness",
     "builders": "speculators_checkpoints",
+    "mla_drafters": "eagle3_mla_checkpoints",
     "eagle3_behaviour": "eagle3_behaviour",
 }
 GENERATED_TESTS = {
     f"{UNIT_DIR}/conftest.py": "tests/conftest.py",
     f"{UNIT_DIR}/eagle3_cpu_harness.py": "tests/sglang_cpu.py",
+    f"{UNIT_DIR}/eagle3_mla_checkpoints.py": "tests/mla_drafters.py",
     **{
         f"{UNIT_DIR}/{name}": f"tests/behaviour/{name}"
         for name in (
@@ -407,11 +409,9 @@ def commit_fusion(version: str) -> Commit:
     capture_imports = (
         "from sglang.srt.speculative.speculators_eagle3.format import load_drafter_spec\n"
         "from sglang.srt.speculative.speculators_eagle3.fusion import (\n"
-        "    capture_rule_for_model,\n"
+        "    apply_capture,\n"
         "    plan_capture,\n"
-        "    set_capture_directly,\n"
         "    target_info_from_model,\n"
-        "    verify_capture,\n"
         ")\n"
     )
     if version == "0.5.17":
@@ -434,40 +434,38 @@ def commit_fusion(version: str) -> Commit:
             "def configure_aux_hidden_state_capture(\n",
             "def _plan_eagle3_capture(model):\n"
             '    """(spec, target, plan) for the EAGLE-3 drafter being served: the layers the\n'
-            "    target must capture and the ids that make its class capture them (converting\n"
-            "    the drafter's aux-id convention for this class); None where this rank does not\n"
-            '    capture (not the last pipeline stage) or no drafter is configured."""\n'
+            "    target must capture and the ids its own set_eagle3_layers_to_capture is called\n"
+            "    with; None where this rank does not capture (not the last pipeline stage) or\n"
+            '    no drafter is configured."""\n'
             "    draft_path = get_server_args().speculative_draft_model_path\n"
             "    spec = load_drafter_spec(draft_path) if draft_path else None\n"
             '    pp_group = getattr(model, "pp_group", None)\n'
             "    if spec is None or (pp_group is not None and not pp_group.is_last_rank):\n"
             "        return None\n"
             "    target = target_info_from_model(model)\n"
-            "    return spec, target, plan_capture(spec, target, capture_rule_for_model(model))\n"
+            "    return spec, target, plan_capture(spec, target)\n"
             "\n\n",
         ),
         Edit(
             "        model.set_eagle3_layers_to_capture(eagle_aux_hidden_state_layer_ids)\n",
             "        # Capture exactly the layers the drafter was trained on, and check it before\n"
-            "        # serving: ids that collapse or fall outside the target fail here, not as a\n"
-            "        # shape error (or a silently unfused drafter) on the first request.\n"
+            "        # serving: the model's own method switches capture on, then the planned\n"
+            "        # layers are set where its class keeps them and read back. Ids that collapse\n"
+            "        # or fall outside the target fail here, not as a shape error (or a silently\n"
+            "        # unfused drafter) on the first request.\n"
             "        capture = _plan_eagle3_capture(model)\n"
             "        if capture is not None and capture[2].sglang_ids is not None:\n"
             "            eagle_aux_hidden_state_layer_ids = list(capture[2].sglang_ids)\n"
             "        model.set_eagle3_layers_to_capture(eagle_aux_hidden_state_layer_ids)\n"
             "        if capture is not None:\n"
             "            spec, target, plan = capture\n"
-            "            if plan.set_directly:\n"
-            "                set_capture_directly(model, plan)\n"
-            "            verify_capture(model, plan, target.num_hidden_layers)\n"
             "            logger.info(\n"
             '                "sglang_ext: target %s captures aux layers %s for drafter %s "\n'
-            '                "(ids passed: %s, rule %s)",\n'
+            '                "(set and read back after set_eagle3_layers_to_capture(%s))",\n'
             "                target.architecture,\n"
-            "                list(plan.captured_layers),\n"
+            "                apply_capture(model, plan),\n"
             "                spec.source,\n"
             "                eagle_aux_hidden_state_layer_ids,\n"
-            "                plan.rule,\n"
             "            )\n",
         ),
     ]
@@ -485,6 +483,9 @@ def commit_fusion(version: str) -> Commit:
                 f"{UNIT_DIR}/eagle3_cpu_harness.py"
             ),
             BUILDERS_IN_TREE: generated_builders,
+            f"{UNIT_DIR}/eagle3_mla_checkpoints.py": lambda: generated_test(
+                f"{UNIT_DIR}/eagle3_mla_checkpoints.py"
+            ),
             f"{UNIT_DIR}/eagle3_behaviour.py": lambda: generated_test(
                 f"{UNIT_DIR}/eagle3_behaviour.py"
             ),
@@ -502,6 +503,7 @@ def commit_fusion(version: str) -> Commit:
             "tests/sglang_cpu.py",
             "tests/builders.py",
             "sglang_ext/demo.py",
+            "tests/mla_drafters.py",
             "tests/behaviour/eagle3_behaviour.py",
             "tests/behaviour/test_speculators_eagle3_fusion.py",
             "patches/gpu-tests/test_eagle3_fusion_guard.py",
@@ -561,6 +563,65 @@ NEW_LOAD_WEIGHTS = LOAD_WEIGHTS_DEF + '''\
 '''
 
 
+MLA_LOAD_WEIGHTS_START = LOAD_WEIGHTS_DEF + (
+    "        params_dict = dict(self.named_parameters())\n        stacked_params_mapping = [\n"
+)
+NEW_MLA_LOAD_WEIGHTS = LOAD_WEIGHTS_DEF + '''\
+        """The same load plan as llama_eagle3.py: every checkpoint tensor is loaded, ignored
+        for a stated reason, or an error, and a parameter no tensor fills is an error too
+        (names that did not match used to be skipped with a log line)."""
+        plan = LoadPlan(self.spec)
+        params_dict = dict(self.named_parameters())
+        pending: dict = {}
+        for name, loaded_weight in weights:
+            decision = plan.route(
+                name, tuple(loaded_weight.shape), torch_dtype_name(loaded_weight.dtype)
+            )
+            if decision.action == "d2t":
+                self.hot_token_id = _hot_token_ids(self.spec, loaded_weight)
+            if decision.action != "load":
+                continue
+            param = params_dict[decision.param]
+            weight_loader = getattr(param, "weight_loader", default_weight_loader)
+            expected = plan.params[decision.param]
+            if expected.concatenated:
+                # q_a_proj and kv_a_proj_with_mqa, joined in that order once both arrived
+                parts = pending.setdefault(decision.param, {})
+                parts[decision.shard] = loaded_weight
+                if len(parts) == len(expected.shards):
+                    weight_loader(param, torch.cat([parts[s] for s in expected.shards], dim=0))
+            elif decision.shard is None:
+                weight_loader(param, loaded_weight)
+            else:
+                weight_loader(param, loaded_weight, decision.shard)
+        report = plan.finish()
+        report.raise_for_errors()
+        self.load_report = report
+        logger.info(
+            "sglang_ext: loaded %d tensors from %s (%d ignored, %d derived)",
+            report.count("loaded"),
+            self.spec.source,
+            report.count("ignored"),
+            report.count("derived"),
+        )
+        self.post_load_weights()
+
+'''
+MLA_HOT_TOKEN_IDS = '''
+
+def _hot_token_ids(spec, d2t: torch.Tensor) -> torch.Tensor:
+    # d2t stores diffs between draft id and target id
+    ids = d2t.to(torch.int64) + torch.arange(d2t.shape[0], dtype=torch.int64)
+    bad = (ids < 0) | (ids >= spec.vocab_size)
+    if bool(bad.any()):
+        raise DrafterLoadError(
+            f"{spec.source}: d2t maps {int(bad.sum())} draft ids outside the target "
+            f"vocabulary [0, {spec.vocab_size})"
+        )
+    return ids
+'''
+
+
 def commit_loading(version: str) -> Commit:
     del version  # the same anchors in every supported version
     llama = [
@@ -613,11 +674,38 @@ def commit_loading(version: str) -> Commit:
             new=NEW_LOAD_WEIGHTS,
         ),
     ]
+    kimi = [
+        Edit("import logging\nimport re\n", "import logging\n"),  # only load_weights used it
+        insert_before(
+            "\nlogger = logging.getLogger(__name__)\n",
+            "from sglang.srt.speculative.speculators_eagle3.format import drafter_spec_for\n"
+            "from sglang.srt.speculative.speculators_eagle3.loading import (\n"
+            "    DrafterLoadError,\n"
+            "    LoadPlan,\n"
+            "    torch_dtype_name,\n"
+            ")\n",
+        ),
+        insert_after(
+            "        self.capture_aux_hidden_states = True\n        self.hot_token_id = None\n",
+            "\n"
+            "        # The same load plan as llama_eagle3.py accounts for every parameter.\n"
+            "        self.spec = drafter_spec_for(config)\n"
+            "        LoadPlan(self.spec).check_model_parameters(\n"
+            "            name for name, _ in self.named_parameters()\n"
+            "        )\n",
+        ),
+        Region(
+            start=MLA_LOAD_WEIGHTS_START,
+            end="    def post_load_weights(self) -> None:\n",
+            new=NEW_MLA_LOAD_WEIGHTS,
+        ),
+        insert_before("\n\nclass Eagle3MLADecoderLayer(nn.Module):\n", MLA_HOT_TOKEN_IDS),
+    ]
     return Commit(
         slug="eagle3-strict-draft-weight-loading",
         subject="[Spec] EAGLE-3: strict draft weight loading with a load report",
         body=BODY_LOADING,
-        edits={LLAMA: llama},
+        edits={LLAMA: llama, KIMI: kimi},
         new_files={
             f"{PKG}/loading.py": lambda: generated_module(f"{PKG}/loading.py"),
             f"{UNIT_DIR}/test_speculators_eagle3_loading.py": lambda: generated_test(
@@ -628,7 +716,7 @@ def commit_loading(version: str) -> Commit:
             "sglang_ext/loading.py",
             "tests/behaviour/test_speculators_eagle3_loading.py",
         ],
-        ported_from=["sglang_ext/models/llama_eagle3.py"],
+        ported_from=["sglang_ext/models/llama_eagle3.py", "sglang_ext/models/kimi_k25_eagle3.py"],
     )
 
 

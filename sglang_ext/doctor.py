@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -231,7 +232,8 @@ def predict_stock(spec: DrafterSpec, tensors, target: TargetInfo | None) -> dict
     prediction: dict[str, Any] = {"startup": "starts"}
     notes = []
     if tensors is not None:
-        skipped, uninitialised = stock_load(spec, [t.name for t in tensors])
+        load = stock_mla_load if spec.layer_type == "mla" else stock_load
+        skipped, uninitialised = load(spec, [t.name for t in tensors])
         prediction["silently_skipped_tensors"] = skipped
         prediction["left_at_random_init"] = uninitialised
         if skipped:
@@ -296,6 +298,38 @@ def stock_load(spec: DrafterSpec, names: list[str]) -> tuple[list[str], list[str
         param = name if name in params else f"model.{name}"
         if param in params:
             filled.add(param)
+        else:
+            skipped.append(original)
+    uninitialised = sorted(p for p, s in params.items() if p not in filled and s.derived is None)
+    return skipped, uninitialised
+
+
+def stock_mla_load(spec: DrafterSpec, names: list[str]) -> tuple[list[str], list[str]]:
+    """The same for stock `Eagle3DeepseekV2ForCausalLM.load_weights` (kimi_k25_eagle3.py):
+    `layers.0.` -> `model.midlayer.`, `model.` prepended except to lm_head, gate/up stacked,
+    q_a_proj and kv_a_proj_with_mqa fused once both arrived (one alone is dropped)."""
+    params = expected_parameters(spec)
+    stacked = {".gate_proj": ".gate_up_proj", ".up_proj": ".gate_up_proj"}
+    fused_parts = (".q_a_proj", ".kv_a_proj_with_mqa")
+    skipped, filled, parts = [], set(), {}
+    for original in names:
+        if original in ("d2t", "t2d") or original.endswith((".d2t", ".t2d")):
+            continue
+        name = re.sub(r"^layers\.0\.", "midlayer.", original)
+        name = name if name.startswith("lm_head.") else f"model.{name}"
+        old = next((old for old in stacked if old in name), None)
+        if old is not None and name.replace(old, stacked[old]) in params:
+            filled.add(name.replace(old, stacked[old]))
+            continue
+        part = next((part for part in fused_parts if part in name), None)
+        if part is not None:  # silently kept back until its partner arrives
+            fused = name.replace(part, ".fused_qkv_a_proj_with_mqa")
+            parts.setdefault(fused, set()).add(part)
+            if parts[fused] == set(fused_parts) and fused in params:
+                filled.add(fused)
+            continue
+        if name in params:
+            filled.add(name)
         else:
             skipped.append(original)
     uninitialised = sorted(p for p, s in params.items() if p not in filled and s.derived is None)

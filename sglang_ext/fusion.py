@@ -23,13 +23,12 @@ import logging
 from dataclasses import dataclass
 
 from sglang_ext.speculators_format import (
-    CaptureRule,
     DrafterConfigError,
     DrafterSpec,
     TargetInfo,
-    capture_rule_for,
     check_capture,
-    sglang_ids_for_capture,
+    class_captures_final_state,
+    installed_sglang_version,
 )
 
 logger = logging.getLogger(__name__)
@@ -117,16 +116,16 @@ def check_algorithm(algorithm: str | None, drafter: str) -> None:
 
 @dataclass(frozen=True)
 class CapturePlan:
-    """What the target must capture for a drafter, and the ids that make it do so."""
+    """What the target must capture for a drafter, and the ids its own method is called with."""
 
-    captured_layers: tuple[int, ...]
+    captured_layers: tuple[int, ...] | None  # None: what the class derives from SGLang's ids
     sglang_ids: tuple[int, ...] | None  # None: leave SGLang's ids as they are
-    rule: CaptureRule
     num_aux_hidden_states: int
-    set_directly: bool = False  # the class's id rule cannot express it (deepseek, first=1)
+    num_layers: int
+    final_state: bool  # the target's forward also captures boundary num_layers
 
 
-def plan_capture(spec: DrafterSpec, target: TargetInfo, rule: CaptureRule) -> CapturePlan:
+def plan_capture(spec: DrafterSpec, target: TargetInfo) -> CapturePlan:
     problems = spec.target_problems(target)
     if problems:
         raise DrafterConfigError(
@@ -134,24 +133,28 @@ def plan_capture(spec: DrafterSpec, target: TargetInfo, rule: CaptureRule) -> Ca
             f"({target.architecture}, {target.num_hidden_layers} layers):\n  - "
             + "\n  - ".join(problems)
         )
-    captured = spec.captured_layers(target)
+    common = dict(
+        num_aux_hidden_states=spec.num_aux_hidden_states,
+        num_layers=target.num_hidden_layers,
+        final_state=target.captures_final_state,
+    )
     if spec.aux_id_convention == "sglang":
-        return CapturePlan(tuple(captured), None, rule, spec.num_aux_hidden_states)
-    try:
-        ids = sglang_ids_for_capture(captured, rule)
-    except DrafterConfigError:
-        # Any ids that switch capture on; the list is then set on the target directly.
-        ids, direct = [k - 1 for k in captured], True
-    else:
-        direct = False
-    return CapturePlan(tuple(captured), tuple(ids), rule, spec.num_aux_hidden_states, direct)
+        # Ids written for SGLang: the class's own rule applies (as in stock SGLang); the
+        # result is read back and checked.
+        return CapturePlan(None, None, **common)
+    captured = tuple(spec.captured_layers(target))
+    # Ids in llama's convention make every class switch capture on for the right number of
+    # layers; the list is then set to `captured` whatever the class's id rule.
+    return CapturePlan(captured, tuple(k - 1 for k in captured), **common)
 
 
 def target_info_from_model(model) -> TargetInfo:
-    """TargetInfo from a live SGLang target model (its hf config)."""
+    """TargetInfo from a live SGLang target model (its hf config and its class)."""
     config = model.config
     text = getattr(config, "text_config", None) or config
     archs = getattr(config, "architectures", None) or [type(model).__name__]
+    classes = [model, getattr(model, "language_model", None)]
+    names = {cls.__name__ for obj in classes if obj is not None for cls in type(obj).__mro__}
     return TargetInfo(
         path=str(getattr(config, "_name_or_path", "")),
         architecture=archs[0],
@@ -159,71 +162,130 @@ def target_info_from_model(model) -> TargetInfo:
         num_hidden_layers=int(text.num_hidden_layers),
         hidden_size=int(text.hidden_size),
         vocab_size=int(text.vocab_size),
+        captures_final_state=class_captures_final_state(names, installed_sglang_version()),
     )
 
 
-def capture_rule_for_model(model) -> CaptureRule:
-    config = getattr(model, "config", None)
-    text = getattr(config, "text_config", None) or config
-    return capture_rule_for(getattr(text, "model_type", None), type(model).__module__)
+# Where SGLang's target classes (0.5.17 and 0.5.23) keep what their forward reads, relative to
+# the model the runner holds: (path of the module holding `layers_to_capture`, path of the
+# module holding the `capture_aux_hidden_states` switch). llama.py, deepseek_v2.py, gpt_oss.py,
+# qwen*.py: model.model / model; kimi_k25.py, gemma3_mm.py, mllama4.py wrap a language model;
+# gemma4_mm.py keeps the list on its language_model and the switch on itself.
+CAPTURE_SLOTS: tuple[tuple[str, str], ...] = (
+    ("model", ""),
+    ("language_model.model", "language_model"),
+    ("model.language_model", "model"),
+    ("language_model", ""),
+)
+# qwen2_moe.py, qwen3_moe.py, qwen3_next.py, qwen3_5.py (and minimax_m3.py in 0.5.23): the
+# forward reads this per-layer flag, which the class's setter sets, instead of the list.
+PER_LAYER_CAPTURE_FLAG = "_is_layer_to_capture"
 
 
-def capture_owner(model):
-    """The module of an SGLang target that holds `layers_to_capture`, wherever the class
-    keeps it (llama/qwen/deepseek: model.model; multimodal wrappers: language_model.model)."""
-    for path in ("model", "language_model.model", "model.language_model", "language_model"):
-        obj = model
-        for part in path.split("."):
-            obj = getattr(obj, part, None)
-            if obj is None:
-                break
-        if obj is not None and hasattr(obj, "layers_to_capture"):
-            return obj
-    return None
+def _attribute_path(obj, path: str):
+    for part in filter(None, path.split(".")):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
 
 
-def find_layers_to_capture(model) -> list[int] | None:
-    owner = capture_owner(model)
-    return None if owner is None else list(owner.layers_to_capture)
+@dataclass
+class CaptureSlot:
+    """The modules of one live target that hold its capture list, its per-layer flags and its
+    capture switch."""
+
+    target: str  # class name, for messages
+    owner: object  # holds layers_to_capture (and `layers`)
+    switch: object  # holds capture_aux_hidden_states
+
+    @classmethod
+    def find(cls, model) -> CaptureSlot | None:
+        for owner_path, switch_path in CAPTURE_SLOTS:
+            owner = _attribute_path(model, owner_path)
+            if owner is None or not hasattr(owner, "layers_to_capture"):
+                continue
+            # qwen3_vl.py sets the switch on both; a wrapper may keep it on itself only.
+            holders = (_attribute_path(model, switch_path), model)
+            switch = next((h for h in holders if hasattr(h, "capture_aux_hidden_states")), model)
+            return cls(type(model).__name__, owner, switch)
+        return None
+
+    @property
+    def layers(self) -> list:
+        layers = getattr(self.owner, "layers", None)
+        return list(layers) if layers is not None else []
+
+    def flagged_layers(self) -> list[int] | None:
+        """Layers whose per-layer flag is set; None for a class that keeps no flags."""
+        if not any(hasattr(layer, PER_LAYER_CAPTURE_FLAG) for layer in self.layers):
+            return None
+        flags = [getattr(layer, PER_LAYER_CAPTURE_FLAG, False) for layer in self.layers]
+        return [i for i, flag in enumerate(flags) if flag is True]
+
+    def set(self, captured: tuple[int, ...]) -> None:
+        self.owner.layers_to_capture = list(captured)
+        if self.flagged_layers() is None:
+            return
+        for i, layer in enumerate(self.layers):
+            setattr(layer, PER_LAYER_CAPTURE_FLAG, i in captured)
+
+    def problems(self, plan: CapturePlan) -> list[str]:
+        captured = list(self.owner.layers_to_capture)
+        where = f"target {self.target}"
+        problems = []
+        if getattr(self.switch, "capture_aux_hidden_states", None) is not True:
+            problems.append(
+                f"{where}: capture_aux_hidden_states is "
+                f"{getattr(self.switch, 'capture_aux_hidden_states', '<absent>')} after its "
+                "set_eagle3_layers_to_capture ran; its forward would return no aux states"
+            )
+        problems += check_capture(
+            captured,
+            plan.num_aux_hidden_states,
+            plan.num_layers,
+            f"{where} capture",
+            final_state=plan.final_state,
+        )
+        if plan.captured_layers is not None and sorted(captured) != sorted(plan.captured_layers):
+            problems.append(
+                f"{where} captures layers {captured}, the drafter was trained on "
+                f"{list(plan.captured_layers)}"
+            )
+        flagged = self.flagged_layers()
+        inside = sorted(k for k in captured if k < plan.num_layers)
+        if flagged is not None and flagged != inside:
+            problems.append(
+                f"{where}: its forward reads per-layer flags, set on layers {flagged}, but its "
+                f"capture list is {captured}"
+            )
+        return problems
 
 
-def set_capture_directly(model, plan: CapturePlan) -> None:
-    owner = capture_owner(model)
-    if owner is None:
+def apply_capture(model, plan: CapturePlan) -> list[int]:
+    """After the target's own set_eagle3_layers_to_capture ran: set the planned layers where
+    its class keeps them, read them back and check them. Returns the captured layers.
+
+    A target whose capture cannot be read back is refused: the per-batch width check alone
+    does not see a capture of the wrong layers of the right count.
+    """
+    slot = CaptureSlot.find(model)
+    if slot is None:
+        wanted = list(plan.captured_layers) if plan.captured_layers else "its aux layers"
         raise DrafterConfigError(
-            f"target {type(model).__name__} must capture layers {list(plan.captured_layers)}, "
-            "which its set_eagle3_layers_to_capture cannot express, and sglang_ext cannot find "
-            "its layers_to_capture list to set them"
+            f"EAGLE-3 target {type(model).__name__}: sglang_ext cannot find where this class "
+            f"keeps layers_to_capture and capture_aux_hidden_states (looked at "
+            f"{', '.join('model.' + p for p, _ in CAPTURE_SLOTS)}), so the capture of "
+            f"{wanted} cannot be set or verified before serving. Refusing an unverified "
+            "capture; sglang_ext.fusion.CAPTURE_SLOTS needs this class's layout."
         )
-    owner.layers_to_capture = list(plan.captured_layers)
-    logger.info(
-        "sglang_ext: set %s layers_to_capture to %s directly (%s ids cannot express it)",
-        type(model).__name__,
-        list(plan.captured_layers),
-        plan.rule,
-    )
-
-
-def verify_capture(model, plan: CapturePlan, num_layers: int) -> None:
-    """After the target configured its capture: it must capture exactly the planned layers."""
-    captured = find_layers_to_capture(model)
-    if captured is None:
-        logger.warning(
-            "sglang_ext: cannot read layers_to_capture from %s; the capture of aux layers %s "
-            "is not verified at startup (the drafter still checks feature widths per batch)",
-            type(model).__name__,
-            list(plan.captured_layers),
-        )
-        return
-    problems = check_capture(captured, plan.num_aux_hidden_states, num_layers, "target capture")
-    if sorted(captured) != sorted(plan.captured_layers):
-        problems.append(
-            f"target {type(model).__name__} captures layers {captured}, the drafter was trained "
-            f"on {list(plan.captured_layers)}"
-        )
+    if plan.captured_layers is not None:
+        slot.set(plan.captured_layers)
+    problems = slot.problems(plan)
     if problems:
         raise DrafterConfigError(
             "EAGLE-3 target/drafter mismatch detected at startup:\n  - "
             + "\n  - ".join(dict.fromkeys(problems))
             + f"\n({LIKELY_CAUSES})"
         )
+    return list(slot.owner.layers_to_capture)

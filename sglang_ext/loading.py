@@ -234,6 +234,9 @@ class ParamSpec:
     shape: tuple[int, ...]  # logical (unsharded) shape
     shards: dict | None = None  # shard id -> logical shape of that slice in the checkpoint
     derived: str | None = None  # why no checkpoint tensor fills it (None: one must)
+    # The shards are concatenated along dim 0, in `shards` order, and loaded whole (the
+    # parameter's loader takes no shard id: MLA's fused_qkv_a_proj_with_mqa).
+    concatenated: bool = False
 
 
 def owns_embeddings(spec: DrafterSpec) -> bool:
@@ -248,28 +251,80 @@ def owns_embeddings(spec: DrafterSpec) -> bool:
     )
 
 
+def _shared_parameters(spec: DrafterSpec) -> dict[str, ParamSpec]:
+    """Embeddings, fc and its norms, the final norm and lm_head: the same in every drafter."""
+    hidden, fc_in = spec.hidden_size, spec.fc_input_hidden_size
+    embed_source = None
+    if not owns_embeddings(spec):
+        embed_source = "shared from the target at startup (SGLang set_embed)"
+        if spec.format == "speculators":
+            embed_source += "; drafter trained with embed_requires_grad=false"
+    params = {
+        "model.embed_tokens.weight": ParamSpec((spec.vocab_size, hidden), derived=embed_source),
+        "model.fc.weight": ParamSpec((hidden, spec.num_aux_hidden_states * fc_in)),
+        "model.norm.weight": ParamSpec((hidden,)),
+    }
+    if spec.norm_before_fc:
+        params["model.input_norm.weight"] = ParamSpec((spec.num_aux_hidden_states * fc_in,))
+    if spec.fc_norm:
+        for i in range(spec.num_aux_hidden_states):
+            params[f"model.fc_norm.{i}.weight"] = ParamSpec((fc_in,))
+    if spec.tie_word_embeddings:
+        pass  # lm_head is model.embed_tokens
+    elif spec.draft_vocab_size is None:
+        params["lm_head.weight"] = ParamSpec(
+            (spec.vocab_size, hidden),
+            derived="taken from the target at startup (config has no draft_vocab_size)",
+        )
+    else:
+        params["lm_head.weight"] = ParamSpec((spec.draft_vocab_size, hidden))
+    return params
+
+
+def expected_mla_parameters(spec: DrafterSpec) -> dict[str, ParamSpec]:
+    """SGLang's MLA drafter (kimi_k25_eagle3.py: Eagle3MLADecoderLayer, one draft layer)."""
+    mla, hidden, heads = spec.mla, spec.hidden_size, spec.num_attention_heads
+    attn, inter = "model.midlayer.self_attn.", spec.intermediate_size
+    rope_kv = mla.kv_lora_rank + mla.qk_rope_head_dim
+    params = _shared_parameters(spec)
+    params.update(
+        {
+            attn + "fused_qkv_a_proj_with_mqa.weight": ParamSpec(
+                (mla.q_lora_rank + rope_kv, 2 * hidden),
+                shards={"q_a": (mla.q_lora_rank, 2 * hidden), "kv_a": (rope_kv, 2 * hidden)},
+                concatenated=True,
+            ),
+            attn + "q_a_layernorm.weight": ParamSpec((mla.q_lora_rank,)),
+            attn + "q_b_proj.weight": ParamSpec(
+                (heads * (mla.qk_nope_head_dim + mla.qk_rope_head_dim), mla.q_lora_rank)
+            ),
+            attn + "kv_a_layernorm.weight": ParamSpec((mla.kv_lora_rank,)),
+            attn + "kv_b_proj.weight": ParamSpec(
+                (heads * (mla.qk_nope_head_dim + mla.v_head_dim), mla.kv_lora_rank)
+            ),
+            attn + "o_proj.weight": ParamSpec((hidden, heads * mla.v_head_dim)),
+            "model.midlayer.mlp.gate_up_proj.weight": ParamSpec(
+                (2 * inter, hidden), shards={0: (inter, hidden), 1: (inter, hidden)}
+            ),
+            "model.midlayer.mlp.down_proj.weight": ParamSpec((hidden, inter)),
+        }
+    )
+    for norm in ("input_layernorm", "hidden_norm", "post_attention_layernorm"):
+        params[f"model.midlayer.{norm}.weight"] = ParamSpec((hidden,))
+    return params
+
+
 def expected_parameters(spec: DrafterSpec) -> dict[str, ParamSpec]:
     """Every parameter of the plugin's drafter model for `spec`, with its source."""
+    if spec.layer_type == "mla":
+        return expected_mla_parameters(spec)
     hidden, heads, kv, hd = (
         spec.hidden_size,
         spec.num_attention_heads,
         spec.num_key_value_heads,
         spec.head_dim,
     )
-    fc_in = spec.fc_input_hidden_size
-    params: dict[str, ParamSpec] = {}
-    embed_source = None
-    if not owns_embeddings(spec):
-        embed_source = "shared from the target at startup (SGLang set_embed)"
-        if spec.format == "speculators":
-            embed_source += "; drafter trained with embed_requires_grad=false"
-    params["model.embed_tokens.weight"] = ParamSpec((spec.vocab_size, hidden), derived=embed_source)
-    params["model.fc.weight"] = ParamSpec((hidden, spec.num_aux_hidden_states * fc_in))
-    if spec.norm_before_fc:
-        params["model.input_norm.weight"] = ParamSpec((spec.num_aux_hidden_states * fc_in,))
-    if spec.fc_norm:
-        for i in range(spec.num_aux_hidden_states):
-            params[f"model.fc_norm.{i}.weight"] = ParamSpec((fc_in,))
+    params = _shared_parameters(spec)
     for n in range(spec.num_hidden_layers):
         prefix = f"model.layers.{n}."
         width = 2 * hidden if n == 0 else hidden
@@ -294,16 +349,6 @@ def expected_parameters(spec: DrafterSpec) -> dict[str, ParamSpec]:
         if spec.layer_type == "qwen3":
             params[prefix + "self_attn.q_norm.weight"] = ParamSpec((hd,))
             params[prefix + "self_attn.k_norm.weight"] = ParamSpec((hd,))
-    params["model.norm.weight"] = ParamSpec((hidden,))
-    if spec.tie_word_embeddings:
-        pass  # lm_head is model.embed_tokens
-    elif spec.draft_vocab_size is None:
-        params["lm_head.weight"] = ParamSpec(
-            (spec.vocab_size, hidden),
-            derived="taken from the target at startup (config has no draft_vocab_size)",
-        )
-    else:
-        params["lm_head.weight"] = ParamSpec((spec.draft_vocab_size, hidden))
     return params
 
 
@@ -392,6 +437,8 @@ def fc_width_reason(spec: DrafterSpec, fc_in: int) -> str:
     """Why an fc trained on more (or fewer) target layers than the config names cannot serve:
     the seed's failure, where the target handed over one layer as wide as the drafter."""
     width, n = spec.fc_input_hidden_size, spec.num_aux_hidden_states
+    if width <= 0:  # a config error reported on its own
+        return f"fc reads {fc_in} target features; the config's hidden size is {width}"
     layers = (
         f" = {fc_in // width} x {width}" if fc_in % width == 0 else f" (not a multiple of {width})"
     )
@@ -447,7 +494,7 @@ class LoadPlan:
             entry.status, entry.reason = "ignored", IGNORED_TENSORS[name]
             return Decision("skip")
 
-        routed = route(name, spec.format)
+        routed = route(name, spec.format, spec.layer_type)
         if routed is None:
             entry.status = "unexpected"
             entry.reason = "no parameter of this drafter reads it"

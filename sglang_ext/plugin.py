@@ -7,10 +7,12 @@ models, the detokenizer). It registers:
 - the drafter classes of ``sglang_ext.models`` over SGLang's in-tree ones;
 - an AROUND hook on SGLang's ``get_config`` that reads speculators-format drafter directories
   (no ``model_type``) as data and returns the translated config;
-- an AROUND hook on ``configure_aux_hidden_state_capture`` that asks the target for the layers
-  the drafter was trained on (converting speculators' aux-id convention for the target's
-  class) and verifies what it captures, before serving;
-- the acceptance metrics hooks (``sglang_ext.metrics``);
+- an AROUND hook on ``configure_aux_hidden_state_capture`` that lets the target's own
+  ``set_eagle3_layers_to_capture`` switch capture on, then sets the layers the drafter was
+  trained on where the class keeps them and reads them back, before serving
+  (``sglang_ext.fusion.apply_capture``);
+- the acceptance metrics hooks (``sglang_ext.metrics``), also in SGLang's tokenizer worker
+  processes (``--tokenizer-worker-num > 1``: ``sglang_ext.tokenizer_workers``);
 - opt-in (``SGLANG_EXT_SPLITKV_VERIFY=1``): SGLang's split-KV verify attention on CUDA
   (``sglang_ext.verify_splitkv``).
 
@@ -60,7 +62,7 @@ def _register() -> list[str]:
     from sglang.srt.models.registry import ModelRegistry
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from sglang_ext import metrics, verify_splitkv
+    from sglang_ext import metrics, tokenizer_workers, verify_splitkv
 
     ModelRegistry.register(MODELS_PACKAGE, overwrite=True, strict=True)
     targets = [config_hook_target(), CAPTURE_TARGET]
@@ -70,6 +72,7 @@ def _register() -> list[str]:
     HookRegistry.register(CAPTURE_TARGET, configure_capture_hook, HookType.AROUND)
     if os.environ.get("SGLANG_EXT_METRICS", "1") != "0":
         targets.extend(metrics.install())
+    targets.extend(tokenizer_workers.install())
     targets.extend(verify_splitkv.install())
     return targets
 
@@ -146,20 +149,18 @@ def configure_capture_hook(original, *args, **kwargs):
     if spec is None or (pp_group is not None and not pp_group.is_last_rank):
         return original(*bound.args, **bound.kwargs)
     target = fusion.target_info_from_model(model)
-    plan = fusion.plan_capture(spec, target, fusion.capture_rule_for_model(model))
+    plan = fusion.plan_capture(spec, target)
     if plan.sglang_ids is not None:
         arguments["eagle_aux_hidden_state_layer_ids"] = list(plan.sglang_ids)
     result = original(*bound.args, **bound.kwargs)
-    if plan.set_directly:
-        fusion.set_capture_directly(model, plan)
-    fusion.verify_capture(model, plan, target.num_hidden_layers)
+    captured = fusion.apply_capture(model, plan)
     logger.info(
-        "sglang_ext: target %s captures aux layers %s for drafter %s (ids passed: %s, rule %s)",
+        "sglang_ext: target %s captures aux layers %s for drafter %s (set and read back after "
+        "its set_eagle3_layers_to_capture(%s))",
         target.architecture,
-        list(plan.captured_layers),
+        captured,
         spec.source,
         arguments["eagle_aux_hidden_state_layer_ids"],
-        plan.rule,
     )
     return result
 

@@ -185,6 +185,8 @@ class TargetInfo:
     num_hidden_layers: int
     hidden_size: int
     vocab_size: int
+    # Its SGLang class also captures the state after the last decoder layer (boundary L).
+    captures_final_state: bool = False
 
     @classmethod
     def from_path(cls, path: str | Path) -> TargetInfo:
@@ -205,6 +207,7 @@ class TargetInfo:
             num_hidden_layers=_require(text, "num_hidden_layers", int, where),
             hidden_size=_require(text, "hidden_size", int, where),
             vocab_size=_require(text, "vocab_size", int, where),
+            captures_final_state=class_captures_final_state(archs, installed_sglang_version()),
         )
 
 
@@ -213,33 +216,83 @@ class TargetInfo:
 #
 # speculators and vLLM name an aux layer by the hidden state ENTERING decoder layer k (HF
 # `output_hidden_states[k]`; speculators/models/utils.py:resolve_target_layer_ids allows
-# 0..num_layers). SGLang's targets take ids through `set_eagle3_layers_to_capture` and capture
-# the state entering layer `layers_to_capture[j]`, with a per-class rule for turning ids into
-# `layers_to_capture`:
-#   llama.py, qwen2.py, qwen3.py, ...:            layers_to_capture = [id + 1 for id in ids]
-#   deepseek_v2.py (DeepseekV2/V3, Kimi-K2.x):    +1 only when ids[0] == 1, else ids as given
-# The table below is the only place that knows which class follows which rule.
+# 0..num_layers). SGLang's targets capture the state entering layer `layers_to_capture[j]`
+# (boundary k; boundary L = after the last decoder layer, where a class captures it), and
+# derive `layers_to_capture` from the ids passed to `set_eagle3_layers_to_capture` with a
+# per-class rule:
+#   llama.py, qwen2.py, qwen3.py, ...:            [id + 1 for id in ids]
+#   deepseek_v2.py and its subclasses (DeepSeek-V3, Kimi-K2.x, GLM-5 `GlmMoeDsa` in glm4_moe.py,
+#   MistralLarge3), glm4_moe_lite.py:             +1 only when ids[0] == 1, else ids as given
+#   gpt_oss.py:                                   ids as given when max(ids) == L, else +1
+# The server does not rely on these rules: it sets the planned list on the target and reads it
+# back (sglang_ext.fusion.apply_capture). They are kept, as data, for what runs without the
+# target class: doctor's prediction of SGLang-format ids, and convert.
 
-CaptureRule = Literal["plus_one", "plus_one_if_first_is_one"]
+CaptureRule = Literal["plus_one", "plus_one_if_first_is_one", "plus_one_unless_final"]
 
-CAPTURE_RULE_BY_TARGET_MODULE: dict[str, CaptureRule] = {
-    "sglang.srt.models.deepseek_v2": "plus_one_if_first_is_one",
+_DEEPSEEK_RULE: CaptureRule = "plus_one_if_first_is_one"
+CAPTURE_RULE_BY_TARGET_ARCHITECTURE: dict[str, CaptureRule] = {
+    "DeepseekV2ForCausalLM": _DEEPSEEK_RULE,
+    "DeepseekV3ForCausalLM": _DEEPSEEK_RULE,
+    "DeepseekV32ForCausalLM": _DEEPSEEK_RULE,
+    "KimiK25ForConditionalGeneration": _DEEPSEEK_RULE,
+    "GlmMoeDsaForCausalLM": _DEEPSEEK_RULE,
+    "MistralLarge3ForCausalLM": _DEEPSEEK_RULE,
+    "Glm4MoeLiteForCausalLM": _DEEPSEEK_RULE,
+    "GptOssForCausalLM": "plus_one_unless_final",
 }
 CAPTURE_RULE_BY_TARGET_MODEL_TYPE: dict[str, CaptureRule] = {
-    "deepseek_v2": "plus_one_if_first_is_one",
-    "deepseek_v3": "plus_one_if_first_is_one",
-    "kimi_k2": "plus_one_if_first_is_one",
-    "kimi_k25": "plus_one_if_first_is_one",
+    "deepseek_v2": _DEEPSEEK_RULE,
+    "deepseek_v3": _DEEPSEEK_RULE,
+    "kimi_k2": _DEEPSEEK_RULE,
+    "kimi_k25": _DEEPSEEK_RULE,
+    "glm_moe_dsa": _DEEPSEEK_RULE,
+    "glm4_moe_lite": _DEEPSEEK_RULE,
+    "gpt_oss": "plus_one_unless_final",
 }
 DEFAULT_CAPTURE_RULE: CaptureRule = "plus_one"
 
+# Target classes whose forward also captures boundary L (the state after the last decoder
+# layer, before the final norm), from the first SGLang version where it does:
+#   gpt_oss.py GptOssModel.forward: `i + 1 in self.layers_to_capture` after block i (0.5.17),
+#     `self.end_layer in self.layers_to_capture` at the final norm (0.5.23);
+#   minimax_m3.py: `self.end_layer in self.layers_to_capture` (0.5.23; not in 0.5.17).
+FINAL_STATE_CAPTURE_SINCE: dict[str, tuple[int, int, int]] = {
+    "GptOssForCausalLM": (0, 5, 17),
+    "MiniMaxM3SparseForCausalLM": (0, 5, 23),
+}
 
-def capture_rule_for(model_type: str | None = None, module: str | None = None) -> CaptureRule:
-    if module is not None and module in CAPTURE_RULE_BY_TARGET_MODULE:
-        return CAPTURE_RULE_BY_TARGET_MODULE[module]
+
+def capture_rule_for(model_type: str | None = None, architecture: str | None = None) -> CaptureRule:
+    if architecture is not None and architecture in CAPTURE_RULE_BY_TARGET_ARCHITECTURE:
+        return CAPTURE_RULE_BY_TARGET_ARCHITECTURE[architecture]
     if model_type is not None and model_type in CAPTURE_RULE_BY_TARGET_MODEL_TYPE:
         return CAPTURE_RULE_BY_TARGET_MODEL_TYPE[model_type]
     return DEFAULT_CAPTURE_RULE
+
+
+def installed_sglang_version() -> tuple[int, ...] | None:
+    """(major, minor, patch) of the installed SGLang, read from its metadata (no import)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        text = version("sglang")
+    except PackageNotFoundError:
+        return None
+    match = re.match(r"(\d+)\.(\d+)\.(\d+)", text)
+    return tuple(int(part) for part in match.groups()) if match else None
+
+
+def class_captures_final_state(class_names, sglang_version: tuple[int, ...] | None) -> bool:
+    """Whether a target class (any of `class_names`: its MRO or config architectures) captures
+    boundary L in this SGLang version (unknown version: no)."""
+    if sglang_version is None:
+        return False
+    return any(
+        sglang_version >= FINAL_STATE_CAPTURE_SINCE[name]
+        for name in class_names
+        if name in FINAL_STATE_CAPTURE_SINCE
+    )
 
 
 def sglang_default_capture(num_layers: int) -> list[int]:
@@ -251,6 +304,8 @@ def captured_layers_from_sglang_ids(ids: list[int] | None, rule: CaptureRule, nu
     """The `layers_to_capture` an SGLang target derives from eagle_config ids (None = default)."""
     if ids is None:
         return sglang_default_capture(num_layers)
+    if rule == "plus_one_unless_final":
+        return list(ids) if ids and max(ids) == num_layers else [i + 1 for i in ids]
     if rule == "plus_one" or (ids and ids[0] == 1):
         return [i + 1 for i in ids]
     return list(ids)
@@ -258,8 +313,8 @@ def captured_layers_from_sglang_ids(ids: list[int] | None, rule: CaptureRule, nu
 
 def sglang_ids_for_capture(captured: list[int], rule: CaptureRule) -> list[int]:
     """Inverse of captured_layers_from_sglang_ids: ids that make the target capture `captured`."""
-    if rule == "plus_one":
-        return [k - 1 for k in captured]
+    if rule in ("plus_one", "plus_one_unless_final"):
+        return [k - 1 for k in captured]  # gpt_oss: a final L becomes L - 1, then +1 again
     if captured and captured[0] == 2:
         return [k - 1 for k in captured]  # first id becomes 1, which triggers the +1
     if captured and captured[0] == 1:
@@ -272,8 +327,11 @@ def sglang_ids_for_capture(captured: list[int], rule: CaptureRule) -> list[int]:
     return list(captured)
 
 
-def check_capture(captured: list[int], num_aux: int, num_layers: int, source: str) -> list[str]:
-    """Problems with a capture list, as sentences; empty when it feeds the drafter's fc."""
+def check_capture(
+    captured: list[int], num_aux: int, num_layers: int, source: str, final_state: bool = False
+) -> list[str]:
+    """Problems with a capture list, as sentences; empty when it feeds the drafter's fc.
+    `final_state`: the target also captures boundary `num_layers` (FINAL_STATE_CAPTURE_SINCE)."""
     problems = []
     distinct = sorted(set(captured))
     if len(distinct) != len(captured):
@@ -281,11 +339,15 @@ def check_capture(captured: list[int], num_aux: int, num_layers: int, source: st
             f"{source}: aux layer ids collapse to {len(distinct)} distinct layers {distinct} "
             f"(from {captured}); the drafter's fc expects {num_aux}"
         )
-    out = [k for k in captured if k < 0 or k >= num_layers]
+    last = num_layers if final_state else num_layers - 1
+    out = [k for k in captured if k < 0 or k > last]
     if out:
+        valid = f"the state entering layer 0..{num_layers - 1}"
+        if final_state:
+            valid += f", or {num_layers}: the state after the last one"
         problems.append(
             f"{source}: aux layers {out} are outside the target's {num_layers} decoder layers "
-            f"(valid: the state entering layer 0..{num_layers - 1}); they would never be captured"
+            f"(valid: {valid}); they would never be captured"
         )
     if len(captured) != num_aux:
         problems.append(
@@ -300,13 +362,30 @@ def check_capture(captured: list[int], num_aux: int, num_layers: int, source: st
 
 
 @dataclass(frozen=True)
+class MLAGeometry:
+    """DeepSeek-V2 multi-latent attention of an MLA draft layer (config field names)."""
+
+    q_lora_rank: int
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], where: str) -> MLAGeometry:
+        # SGLang's Eagle3MLADecoderLayer fuses q_a and kv_a into one projection and refuses a
+        # config without q_lora_rank.
+        return cls(**{name: _require(config, name, int, where) for name in cls.__annotations__})
+
+
+@dataclass(frozen=True)
 class DrafterSpec:
     """One drafter, either format, validated once. Field names follow speculators'."""
 
     format: Literal["speculators", "sglang"]
     source: str
     architecture: str
-    layer_type: Literal["llama", "qwen3"]
+    layer_type: Literal["llama", "qwen3", "mla"]
     hidden_size: int
     num_hidden_layers: int
     num_attention_heads: int
@@ -335,6 +414,8 @@ class DrafterSpec:
     speculative_tokens: int | None = None
     verifier_name_or_path: str | None = None
     dtype: str | None = None
+    # Multi-latent attention (layer_type "mla", SGLang's kimi_k25_eagle3.py); None otherwise.
+    mla: MLAGeometry | None = None
     layer_config: dict = field(default_factory=dict, compare=False, repr=False)
 
     # -- derived facts -------------------------------------------------------------------
@@ -374,7 +455,7 @@ class DrafterSpec:
             if ids is None:  # speculators resolves the default against the verifier
                 ids = sglang_default_capture(target.num_hidden_layers)
             return ids
-        rule = capture_rule_for(model_type=target.model_type)
+        rule = capture_rule_for(model_type=target.model_type, architecture=target.architecture)
         return captured_layers_from_sglang_ids(ids, rule, target.num_hidden_layers)
 
     def capture_problems(self, target: TargetInfo) -> list[str]:
@@ -382,7 +463,11 @@ class DrafterSpec:
             return [self.no_capture_problem(target.hidden_size)]
         captured = self.captured_layers(target)
         problems = check_capture(
-            captured, self.num_aux_hidden_states, target.num_hidden_layers, "aux layers"
+            captured,
+            self.num_aux_hidden_states,
+            target.num_hidden_layers,
+            "aux layers",
+            final_state=target.captures_final_state,
         )
         handed = len(set(captured)) * target.hidden_size
         if problems and handed != self.expected_target_feature_width:
@@ -397,11 +482,17 @@ class DrafterSpec:
                 f"{target.hidden_size}){seed}, but fc reads {self.num_aux_hidden_states} x "
                 f"{self.fc_input_hidden_size} = {self.expected_target_feature_width}"
             )
-        if self.aux_id_convention == "speculators" and target.num_hidden_layers in captured:
+        if (
+            self.aux_id_convention == "speculators"
+            and target.num_hidden_layers in captured
+            and not target.captures_final_state
+        ):
             problems.append(
                 f"aux layer id {target.num_hidden_layers} names the target's final hidden state "
-                "(after its last decoder layer); SGLang's targets only capture states entering "
-                "a decoder layer, so this drafter cannot be served by SGLang"
+                f"(after its last decoder layer); SGLang's {target.architecture} only captures "
+                "states entering a decoder layer (the final state is captured by "
+                f"{', '.join(sorted(FINAL_STATE_CAPTURE_SINCE))}), so this drafter cannot be "
+                "served with this target"
             )
         return problems
 
@@ -595,6 +686,9 @@ def _sliding_window(layer: Mapping[str, Any], num_layers: int, where: str):
     return tuple(layer_types), (window if "sliding_attention" in layer_types else None)
 
 
+MLA_DRAFTER_ARCHITECTURE = "Eagle3DeepseekV2ForCausalLM"
+
+
 def _sglang_spec(config: Mapping[str, Any], cfg_file: Path) -> DrafterSpec:
     where = str(cfg_file)
     archs = _architectures(config, where) or []
@@ -613,11 +707,26 @@ def _sglang_spec(config: Mapping[str, Any], cfg_file: Path) -> DrafterSpec:
         "eagle_config.eagle_aux_hidden_state_layer_ids",
     )
     num_aux = _optional(config, "num_aux_hidden_states", int, where) or (len(aux) if aux else 3)
+    norm_before_fc = bool(eagle.get("norm_before_fc", config.get("norm_before_fc", False)))
+    mla = None
+    if archs[0] == MLA_DRAFTER_ARCHITECTURE:
+        mla = MLAGeometry.from_config(config, where)
+        num_aux = _mla_aux_count(config, aux, where)
+        if geometry["num_hidden_layers"] != 1:
+            raise DrafterConfigError(
+                f"{where}: num_hidden_layers is {geometry['num_hidden_layers']}; SGLang's "
+                f"{MLA_DRAFTER_ARCHITECTURE} has exactly 1 draft layer"
+            )
+        if norm_before_fc:
+            raise DrafterConfigError(
+                f"{where}: norm_before_fc is true, but SGLang's {MLA_DRAFTER_ARCHITECTURE} has "
+                "no input norm before fc (kimi_k25_eagle3.py); it would be ignored"
+            )
     return DrafterSpec(
         format="sglang",
         source=str(cfg_file.parent),
         architecture=archs[0],
-        layer_type="llama",
+        layer_type="mla" if mla else "llama",
         **geometry,
         draft_vocab_size=_optional(config, "draft_vocab_size", int, where),
         target_hidden_size=_optional(config, "target_hidden_size", int, where),
@@ -626,15 +735,32 @@ def _sglang_spec(config: Mapping[str, Any], cfg_file: Path) -> DrafterSpec:
         num_aux_hidden_states=int(num_aux),
         use_aux_hidden_state=bool(eagle.get("use_aux_hidden_state", True)),
         norm_before_residual=False,
-        norm_before_fc=bool(eagle.get("norm_before_fc", config.get("norm_before_fc", False))),
+        norm_before_fc=norm_before_fc,
         fc_norm=bool(config.get("fc_norm") or config.get("use_aux_norm")),
         norm_output=bool(config.get("norm_output", False)),
         embed_requires_grad=False,
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
         attention_bias=False,
         dtype=config.get("dtype") or config.get("torch_dtype"),
+        mla=mla,
         layer_config=dict(config),
     )
+
+
+def _mla_aux_count(config: Mapping[str, Any], aux, where: str) -> int:
+    """kimi_k25_eagle3.py:_get_eagle_aux_layer_count: eagle_config ids, else top-level ids,
+    else 3; SGLang's MLA drafter never reads num_aux_hidden_states."""
+    if aux is None:
+        key = "eagle_aux_hidden_state_layer_ids"
+        aux = _aux_ids(config.get(key), where, key)
+    count = len(aux) if aux else 3
+    stated = config.get("num_aux_hidden_states")
+    if stated is not None and stated != count:
+        raise DrafterConfigError(
+            f"{where}: num_aux_hidden_states is {stated}, but SGLang's "
+            f"{MLA_DRAFTER_ARCHITECTURE} sizes fc for {count} aux states (from the aux layer ids)"
+        )
+    return count
 
 
 # --------------------------------------------------------------------------------------------
@@ -693,6 +819,16 @@ def to_sglang_config(spec: DrafterSpec):
     return config
 
 
+def drafter_spec_for(config) -> DrafterSpec:
+    """The typed spec of the drafter SGLang builds from `config`: attached by the speculators
+    translation, or read from the SGLang-format config itself."""
+    spec = spec_from_hf_config(config)
+    if spec is not None:
+        return spec
+    source = getattr(config, "_name_or_path", "") or "<drafter>"
+    return _sglang_spec(config.to_dict(), config_path(source) if source else config_path("."))
+
+
 def spec_from_hf_config(config) -> DrafterSpec | None:
     """The DrafterSpec our translation attached to an SGLang-side config, if any."""
     data = getattr(config, SPEC_ATTRIBUTE, None)
@@ -702,6 +838,8 @@ def spec_from_hf_config(config) -> DrafterSpec | None:
     for key in ("aux_hidden_state_layer_ids", "layer_types"):
         if data.get(key) is not None:
             data[key] = tuple(data[key])
+    if data.get("mla") is not None:
+        data["mla"] = MLAGeometry(**data["mla"])
     return DrafterSpec(**data)
 
 
@@ -800,16 +938,62 @@ SGLANG_LEGACY_PREFIXES: tuple[tuple[str, str], ...] = (
 )
 
 
+# SGLang's MLA drafter (kimi_k25_eagle3.py:Eagle3DeepseekV2ForCausalLM.load_weights): one draft
+# layer, `layers.0.` in the checkpoint and `model.midlayer.` in the model; q_a_proj and
+# kv_a_proj_with_mqa are stacked (q first) into fused_qkv_a_proj_with_mqa, whose input is
+# cat(embeds, hidden), twice the hidden size.
+_MLA = "model.midlayer."
+MLA_KEY_TABLE: tuple[KeyRule, ...] = (
+    KeyRule("fc.weight", "model.fc.weight"),
+    KeyRule("fc_norm.{n}.weight", "model.fc_norm.{n}.weight", note="fc_norm (per aux state)"),
+    KeyRule("norm.weight", "model.norm.weight"),
+    KeyRule("lm_head.weight", "lm_head.weight"),
+    KeyRule("embed_tokens.weight", "model.embed_tokens.weight"),
+    KeyRule(
+        "layers.{n}.self_attn.q_a_proj.weight",
+        _MLA + "self_attn.fused_qkv_a_proj_with_mqa.weight",
+        "q_a",
+        layers="first",
+    ),
+    KeyRule(
+        "layers.{n}.self_attn.kv_a_proj_with_mqa.weight",
+        _MLA + "self_attn.fused_qkv_a_proj_with_mqa.weight",
+        "kv_a",
+        layers="first",
+    ),
+    *(
+        KeyRule(f"layers.{{n}}.{name}.weight", f"{_MLA}{name}.weight", layers="first")
+        for name in (
+            "self_attn.q_a_layernorm",
+            "self_attn.q_b_proj",
+            "self_attn.kv_a_layernorm",
+            "self_attn.kv_b_proj",
+            "self_attn.o_proj",
+            "mlp.down_proj",
+            "input_layernorm",
+            "hidden_norm",
+            "post_attention_layernorm",
+        )
+    ),
+    KeyRule("layers.{n}.mlp.gate_proj.weight", _MLA + "mlp.gate_up_proj.weight", 0, "first"),
+    KeyRule("layers.{n}.mlp.up_proj.weight", _MLA + "mlp.gate_up_proj.weight", 1, "first"),
+)
+
+
 def _compile(rule: KeyRule) -> re.Pattern:
     return re.compile("^" + re.escape(rule.pattern).replace(r"\{n\}", r"(?P<n>\d+)") + "$")
 
 
-_COMPILED = tuple((rule, _compile(rule)) for rule in KEY_TABLE)
+_COMPILED = {
+    "layers": tuple((rule, _compile(rule)) for rule in KEY_TABLE),
+    "mla": tuple((rule, _compile(rule)) for rule in MLA_KEY_TABLE),
+}
 
 
-def canonical_checkpoint_name(name: str, fmt: str) -> str:
-    """Strip SGLang-dialect prefixes (`model.`, `midlayer.`) to the table's names."""
-    if fmt == "sglang":
+def canonical_checkpoint_name(name: str, fmt: str, mla: bool = False) -> str:
+    """Strip SGLang-dialect prefixes (`model.`, `midlayer.`) to the table's names. SGLang's MLA
+    drafter reads its checkpoint's names as they are (it adds `model.` itself)."""
+    if fmt == "sglang" and not mla:
         if name.startswith("model."):
             name = name[len("model.") :]
         for old, new in SGLANG_LEGACY_PREFIXES:
@@ -818,10 +1002,13 @@ def canonical_checkpoint_name(name: str, fmt: str) -> str:
     return name
 
 
-def route(name: str, fmt: str) -> tuple[str, str | int | None, KeyRule] | None:
+def route(
+    name: str, fmt: str, layer_type: str = "llama"
+) -> tuple[str, str | int | None, KeyRule] | None:
     """The (model parameter, shard id, rule) a checkpoint tensor fills, or None if no rule."""
-    canonical = canonical_checkpoint_name(name, fmt)
-    for rule, regex in _COMPILED:
+    mla = layer_type == "mla"
+    canonical = canonical_checkpoint_name(name, fmt, mla)
+    for rule, regex in _COMPILED["mla" if mla else "layers"]:
         if fmt not in rule.formats:
             continue
         match = regex.match(canonical)

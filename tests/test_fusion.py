@@ -116,37 +116,11 @@ def test_stock_sglang_silently_skips_fusion_on_equal_width(sglang_env, drafter):
 
 
 def mla_drafter(num_aux=3):
-    from transformers import DeepseekV3Config
+    from mla_drafters import mla_config
 
     from sglang_ext.models.kimi_k25_eagle3 import Eagle3DeepseekV2ForCausalLM
 
-    config = DeepseekV3Config(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        q_lora_rank=32,
-        kv_lora_rank=16,
-        qk_rope_head_dim=8,
-        qk_nope_head_dim=16,
-        v_head_dim=16,
-        tie_word_embeddings=False,
-        max_position_embeddings=512,
-        rope_parameters={
-            "rope_type": "yarn",
-            "factor": 1.0,
-            "rope_theta": 10000.0,
-            "original_max_position_embeddings": 512,
-            "beta_fast": 32,
-            "beta_slow": 1,
-            "mscale": 1.0,
-            "mscale_all_dim": 1.0,
-        },
-    )
-    config.draft_vocab_size = 128
-    config.eagle_config = {"eagle_aux_hidden_state_layer_ids": list(range(1, num_aux + 1))}
+    config = mla_config(num_aux=num_aux)
     model = Eagle3DeepseekV2ForCausalLM(config)
 
     class Midlayer(torch.nn.Module):  # MLA attention needs a GPU backend; record the input

@@ -1,11 +1,19 @@
-"""The MLA EAGLE-3 drafter (Kimi-K2.x) with fusion decided by capture, not by width.
+"""The MLA EAGLE-3 drafter (Kimi-K2.x): fusion decided by capture, strict loading.
 
-Subclasses ``sglang.srt.models.kimi_k25_eagle3.Eagle3DeepseekV2ForCausalLM``; only
-``Eagle3MLAModel.forward`` differs (``sglang_ext.fusion``), applied by re-classing the module
-SGLang built, as in ``sglang_ext.models.llama_eagle3``.
+Subclasses ``sglang.srt.models.kimi_k25_eagle3.Eagle3DeepseekV2ForCausalLM`` and overrides only
+what differs:
+
+- ``Eagle3MLAModel.forward``: fusion decided by the forward mode (``sglang_ext.fusion``),
+  applied by re-classing the module SGLang built, as in ``sglang_ext.models.llama_eagle3``;
+- ``load_weights``: the same LoadPlan as the llama drafter (``sglang_ext.loading``, key table
+  ``speculators_format.MLA_KEY_TABLE``) instead of SGLang's loop, which skips unknown names with
+  a log line and never checks for missing ones; SGLang's ``post_load_weights`` (kv_b_proj split
+  into MLA's w_kc / w_vc) still runs after it.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 import torch
 from sglang.srt.models import kimi_k25_eagle3 as upstream
@@ -13,7 +21,9 @@ from sglang.srt.utils import BumpAllocator
 
 from sglang_ext import compat
 from sglang_ext.fusion import FusionPolicy, check_algorithm
-from sglang_ext.models.llama_eagle3 import token_embeddings
+from sglang_ext.loading import LoadPlan
+from sglang_ext.models.llama_eagle3 import load_with_plan, token_embeddings
+from sglang_ext.speculators_format import drafter_spec_for
 
 
 class Eagle3MLAModel(upstream.Eagle3MLAModel):
@@ -44,25 +54,19 @@ class Eagle3MLAModel(upstream.Eagle3MLAModel):
         return normed, [normed if self.norm_output else pre_norm]
 
 
-def fusion_policy_for(config) -> FusionPolicy:
-    target_hidden = getattr(config, "target_hidden_size", None) or config.hidden_size
-    return FusionPolicy(
-        drafter=str(getattr(config, "_name_or_path", "") or "<mla drafter>"),
-        num_aux_hidden_states=upstream._get_eagle_aux_layer_count(config),
-        fc_input_hidden_size=target_hidden,
-        hidden_size=config.hidden_size,
-    )
-
-
 class Eagle3DeepseekV2ForCausalLM(upstream.Eagle3DeepseekV2ForCausalLM):
     def __init__(self, config, quant_config=None, prefix: str = "") -> None:
-        policy = fusion_policy_for(config)
-        check_algorithm(
-            getattr(compat.server_args(), "speculative_algorithm", None), policy.drafter
-        )
+        spec = drafter_spec_for(config)
+        check_algorithm(getattr(compat.server_args(), "speculative_algorithm", None), spec.source)
         super().__init__(config, quant_config=quant_config, prefix=prefix)
+        self.spec = spec
         self.model.__class__ = Eagle3MLAModel
-        self.model.fusion = policy
+        self.model.fusion = FusionPolicy.for_spec(spec)
+        LoadPlan(spec).check_model_parameters(name for name, _ in self.named_parameters())
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self.load_report = load_with_plan(self, self.spec, weights)
+        self.post_load_weights()
 
 
 EntryClass = [Eagle3DeepseekV2ForCausalLM]

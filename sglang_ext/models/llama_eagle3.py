@@ -10,7 +10,7 @@ differs:
 - per-layer sliding window from ``layer_types``/``sliding_window``;
 - ``set_embed``: a drafter that trained its own embeddings keeps them;
 - ``load_weights``: every tensor loaded, ignored for a stated reason, or an error
-  (``sglang_ext.loading``).
+  (``sglang_ext.loading``; ``load_with_plan`` is shared with the MLA drafter).
 
 SGLang's constructors name their submodule classes directly (``LlamaModel(...)``,
 ``LlamaDecoderLayer(...)``), so the overrides are applied by re-classing the modules SGLang
@@ -31,14 +31,8 @@ from sglang.srt.models.llama import LlamaAttention
 
 from sglang_ext import compat
 from sglang_ext.fusion import FusionPolicy, check_algorithm
-from sglang_ext.loading import DrafterLoadError, LoadPlan, torch_dtype_name
-from sglang_ext.speculators_format import (
-    DrafterConfigError,
-    DrafterSpec,
-    _sglang_spec,
-    config_path,
-    spec_from_hf_config,
-)
+from sglang_ext.loading import DrafterLoadError, LoadPlan, LoadReport, torch_dtype_name
+from sglang_ext.speculators_format import DrafterConfigError, DrafterSpec, drafter_spec_for
 
 logger = logging.getLogger(__name__)
 
@@ -125,15 +119,6 @@ class QKNormLlamaAttention(LlamaAttention):
         return q, k, v
 
 
-def drafter_spec_for(config) -> DrafterSpec:
-    """The typed spec: attached by our config translation, or read from an SGLang config."""
-    spec = spec_from_hf_config(config)
-    if spec is not None:
-        return spec
-    source = getattr(config, "_name_or_path", "") or "<drafter>"
-    return _sglang_spec(config.to_dict(), config_path(source) if source else config_path("."))
-
-
 class LlamaForCausalLMEagle3(upstream.LlamaForCausalLMEagle3):
     """SGLang's EAGLE-3 drafter, loading speculators checkpoints natively and strictly."""
 
@@ -203,39 +188,56 @@ class LlamaForCausalLMEagle3(upstream.LlamaForCausalLMEagle3):
         return super().set_embed(embed)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        plan = LoadPlan(self.spec)
-        params = dict(self.named_parameters())
-        for name, tensor in weights:
-            decision = plan.route(name, tuple(tensor.shape), torch_dtype_name(tensor.dtype))
-            if decision.action == "load":
-                param = params[decision.param]
-                loader = getattr(param, "weight_loader", default_weight_loader)
-                if decision.shard is None:
-                    loader(param, tensor)
-                else:
-                    loader(param, tensor, decision.shard)
-            elif decision.action == "d2t":
-                self.hot_token_id = self._hot_token_ids(tensor)
-        report = plan.finish()
-        report.raise_for_errors()
-        self.load_report = report
-        logger.info(
-            "sglang_ext: loaded %d tensors from %s (%d ignored, %d derived)",
-            report.count("loaded"),
-            self.spec.source,
-            report.count("ignored"),
-            report.count("derived"),
-        )
+        self.load_report = load_with_plan(self, self.spec, weights)
 
-    def _hot_token_ids(self, d2t: torch.Tensor) -> torch.Tensor:
-        ids = d2t.to(torch.int64) + torch.arange(d2t.shape[0], dtype=torch.int64)
-        bad = (ids < 0) | (ids >= self.spec.vocab_size)
-        if bool(bad.any()):
-            raise DrafterLoadError(
-                f"{self.spec.source}: d2t maps {int(bad.sum())} draft ids outside the target "
-                f"vocabulary [0, {self.spec.vocab_size})"
-            )
-        return ids
+
+def load_with_plan(model, spec: DrafterSpec, weights) -> LoadReport:
+    """Drive `spec`'s LoadPlan over checkpoint tensors into `model`'s parameters and raise on
+    any problem (the plan doctor runs on safetensors headers). Shards of a concatenated
+    parameter are joined in the plan's order before its loader sees them."""
+    plan = LoadPlan(spec)
+    params = dict(model.named_parameters())
+    pending: dict[str, dict] = {}
+    for name, tensor in weights:
+        decision = plan.route(name, tuple(tensor.shape), torch_dtype_name(tensor.dtype))
+        if decision.action == "d2t":
+            model.hot_token_id = hot_token_ids(spec, tensor)
+        if decision.action != "load":
+            continue
+        param = params[decision.param]
+        loader = getattr(param, "weight_loader", default_weight_loader)
+        expected = plan.params[decision.param]
+        if expected.concatenated:
+            parts = pending.setdefault(decision.param, {})
+            parts[decision.shard] = tensor
+            if len(parts) == len(expected.shards):
+                loader(param, torch.cat([parts[shard] for shard in expected.shards], dim=0))
+        elif decision.shard is None:
+            loader(param, tensor)
+        else:
+            loader(param, tensor, decision.shard)
+    report = plan.finish()
+    report.raise_for_errors()
+    logger.info(
+        "sglang_ext: loaded %d tensors from %s (%d ignored, %d derived)",
+        report.count("loaded"),
+        spec.source,
+        report.count("ignored"),
+        report.count("derived"),
+    )
+    return report
+
+
+def hot_token_ids(spec: DrafterSpec, d2t: torch.Tensor) -> torch.Tensor:
+    """SGLang's hot_token_id (draft id -> target id) from speculators' d2t offsets."""
+    ids = d2t.to(torch.int64) + torch.arange(d2t.shape[0], dtype=torch.int64)
+    bad = (ids < 0) | (ids >= spec.vocab_size)
+    if bool(bad.any()):
+        raise DrafterLoadError(
+            f"{spec.source}: d2t maps {int(bad.sum())} draft ids outside the target "
+            f"vocabulary [0, {spec.vocab_size})"
+        )
+    return ids
 
 
 class Eagle3DraftModel(LlamaForCausalLMEagle3):

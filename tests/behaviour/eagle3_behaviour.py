@@ -201,20 +201,9 @@ class RecordingMidlayer(torch.nn.Module):
 
 
 def mla_drafter(num_aux: int = 3):
-    from transformers import DeepseekV3Config
+    from mla_drafters import mla_config
 
-    config = DeepseekV3Config(
-        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN,
-        num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=32,
-        kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
-        tie_word_embeddings=False, max_position_embeddings=512,
-        rope_parameters={"rope_type": "yarn", "factor": 1.0, "rope_theta": 10000.0,
-                         "original_max_position_embeddings": 512, "beta_fast": 32,
-                         "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
-    )
-    config.architectures = ["Eagle3DeepseekV2ForCausalLM"]
-    config.draft_vocab_size = DRAFT_VOCAB
-    config.eagle_config = {"eagle_aux_hidden_state_layer_ids": list(range(1, num_aux + 1))}
+    config = mla_config(num_aux=num_aux)
     model = model_class("Eagle3DeepseekV2ForCausalLM")(config)
     model.model.midlayer = RecordingMidlayer()
     spy = FcSpy(lambda x: (x[..., :HIDDEN], None))

@@ -7,6 +7,7 @@ whose keys did not match ran with random weights (accept length ~1.0) and no err
 
 from __future__ import annotations
 
+import re
 import sys
 
 import pytest
@@ -15,6 +16,7 @@ from eagle3_behaviour import (
     DRAFT_VOCAB,
     build_drafter,
     error_text,
+    model_class,
     sglang_drafter_tensors,
     write_sglang_drafter,
 )
@@ -115,6 +117,48 @@ def test_every_problem_is_listed_at_once(checkpoint):
     for message in ("model.fc.weight: missing", "model.norm.weight: missing",
                     "stray.weight: unexpected tensor"):
         assert message in text
+
+
+# -- the MLA drafter (Kimi-K2.x, kimi_k25_eagle3.py), same plan; its loader used to skip unknown
+# names with a log line and never check for missing ones
+
+
+def mla_model(config, tensors):
+    model = model_class("Eagle3DeepseekV2ForCausalLM")(config)
+    model.load_weights(tensors.items())
+    return model
+
+
+def test_mla_drafter_loads_every_tensor(sglang_env):
+    from mla_drafters import mla_checkpoint, mla_config
+
+    config = mla_config()
+    tensors = mla_checkpoint(config, seed=3)
+    model = mla_model(config, tensors)
+    attn = model.model.midlayer.self_attn
+    q_a, kv_a = (tensors[f"layers.0.self_attn.{n}.weight"]
+                 for n in ("q_a_proj", "kv_a_proj_with_mqa"))  # fmt: skip
+    assert torch.equal(attn.fused_qkv_a_proj_with_mqa.weight, torch.cat([q_a, kv_a]))
+    assert torch.equal(attn.kv_b_proj.weight, tensors["layers.0.self_attn.kv_b_proj.weight"])
+    assert attn.w_kc is not None and attn.w_vc is not None  # post_load_weights still runs
+    assert model.load_report.count("loaded") == len(tensors) - 2  # embed_tokens, t2d ignored
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda t: t.pop("layers.0.self_attn.kv_a_proj_with_mqa.weight"),
+     "model.midlayer.self_attn.fused_qkv_a_proj_with_mqa.weight[shard kv_a]: missing"),
+    (lambda t: t.update({"layers.0.self_attn.rotary_emb.inv_freq": torch.zeros(4)}),
+     "layers.0.self_attn.rotary_emb.inv_freq: unexpected tensor"),
+])  # fmt: skip
+def test_a_mla_checkpoint_that_does_not_match_is_refused(sglang_env, change, message):
+    from mla_drafters import mla_checkpoint, mla_config
+
+    config = mla_config()
+    tensors = mla_checkpoint(config, seed=3)
+    change(tensors)
+    with pytest.raises(Exception, match=re.escape(message)) as info:
+        mla_model(config, tensors)
+    assert type(info.value).__name__ == "DrafterLoadError"
 
 
 if __name__ == "__main__":
