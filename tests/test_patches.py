@@ -194,8 +194,6 @@ def test_each_patch_applies_in_order_to_the_released_sources(version, tmp_path):
 @pytest.mark.parametrize("version", SERIES)
 def test_commit_1_and_the_series_stay_within_the_size_budget(version):
     stats = [make_patches.patch_stats(p) for p in series_files(version)]
-    if version == "0.5.17" and stats[0].changed > COMMIT_1_MAX_CHANGED:
-        pytest.xfail("the 0.5.17 series still has the plugin-generated shape (not ported yet)")
     assert stats[0].changed <= COMMIT_1_MAX_CHANGED, stats[0]
     assert sum(s.added_outside_tests for s in stats) <= NON_TEST_BUDGET, stats
 
