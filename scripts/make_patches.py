@@ -98,10 +98,11 @@ def series_files(version: str, patches: Path = PATCHES) -> list[Path]:
     return [folder / name for name in (folder / "series").read_text().split()]
 
 
-def workspace(version: str, repo: Path, apply_series: bool = True) -> None:
+def workspace(version: str, repo: Path, apply_series: bool = True, sources: Path | None = None):
+    """`sources`: the released `sglang` package directory (default: the downloaded wheel's)."""
     if repo.exists():
         raise SystemExit(f"{repo} exists; give a new directory")
-    shutil.copytree(released_sources(version), repo / "python" / "sglang",
+    shutil.copytree(sources or released_sources(version), repo / "python" / "sglang",
                     ignore=shutil.ignore_patterns("__pycache__"))
     git(repo, "init", "-q")
     git(repo, "add", "-A")

@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PATCHES = ROOT / "patches"
 APPLY = ROOT / "scripts" / "apply_patches.py"
 BEHAVIOUR = ROOT / "tests" / "behaviour"
+GPU_TESTS = PATCHES / "gpu-tests"
 UNIT_DIR = "test/registered/unit/speculative"
 SUMMARY = re.compile(r"^(\d+) passed(?:, \d+ skipped)?(?:, \d+ warnings?)? in [\d.]+s", re.M)
 COMMIT_1_MAX_CHANGED = 80
@@ -203,9 +204,8 @@ def test_the_committed_series_is_what_make_patches_exports(tmp_path):
     version = SERIES[-1]
     if shutil.which("git") is None:
         pytest.skip("git not installed")
-    released(version)
     repo = tmp_path / "repo"
-    make_patches.workspace(version, repo)
+    make_patches.workspace(version, repo, sources=released(version))
     assert make_patches.export(version, repo, PATCHES / f"v{version}", check=True) == 0
 
 
@@ -386,7 +386,10 @@ def test_each_commit_passes_its_own_unit_tests(version, tmp_path):
             SGLANG_PLUGINS="__none__",
         )  # fmt: skip
         assert_all_passed(result, minimum=count)
-        for gpu_test in (tree / "test/registered/spec/eagle").glob("test_eagle3_*.py"):
-            text = gpu_test.read_text()
-            compile(text, str(gpu_test), "exec")
-            assert "register_cuda_ci(" in text and 'if __name__ == "__main__":' in text
+    gpu_tests = sorted((tree / "test/registered/spec/eagle").glob("test_eagle3_*.py"))
+    assert [t.name for t in gpu_tests] == sorted(p.name for p in GPU_TESTS.glob("test_*.py"))
+    for gpu_test in gpu_tests:  # the series carries patches/gpu-tests/ as they are
+        text = gpu_test.read_text()
+        assert text == (GPU_TESTS / gpu_test.name).read_text(), gpu_test.name
+        compile(text, str(gpu_test), "exec")
+        assert "register_cuda_ci(" in text and 'if __name__ == "__main__":' in text
