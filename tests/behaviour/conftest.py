@@ -7,9 +7,10 @@
   ``sglang_ext``, and importing any plugin module fails the run. tests/test_patches.py runs it.
 
 The tests themselves (test_speculators_eagle3_*.py) only use SGLang's entry points, so the
-same assertions hold in both; scripts/make_patches.py also turns them into the series' unit
-tests. Plugin mode restores SGLang's registry and hooked functions after each test module, so
-the rest of the suite sees SGLang as it found it.
+same assertions hold in both; this is the drift guard between the plugin and the hand-written
+series (a few plugin-only behaviours skip in patched mode, saying why). Plugin mode restores
+SGLang's registry and hooked functions after each test module, so the rest of the suite sees
+SGLang as it found it.
 """
 
 from __future__ import annotations
