@@ -190,6 +190,11 @@ def test_each_patch_applies_in_order_to_the_released_sources(version, tmp_path):
         series = partial_series(version, count, tmp_path / f"series-{count}")
         result = apply("apply", series, "--sglang-site", str(site))
         assert result.returncode == 0, f"patch {count}: {result.stdout}{result.stderr}"
+        modified, created = touched(series_files(version)[:count])
+        for rel in sorted(modified | created):  # the patched sources still compile
+            if rel.startswith("python/") and rel.endswith(".py"):
+                path = site / rel.removeprefix("python/")
+                compile(path.read_text(), str(path), "exec")
 
 
 @pytest.mark.parametrize("version", SERIES)
