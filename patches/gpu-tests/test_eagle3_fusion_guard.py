@@ -9,7 +9,6 @@ import unittest
 from types import SimpleNamespace
 
 import requests
-from huggingface_hub import snapshot_download
 
 from sglang.test.ci.ci_register import register_cuda_ci
 from sglang.test.run_eval import run_eval
@@ -26,23 +25,14 @@ from sglang.test.test_utils import (
 register_cuda_ci(est_time=240, suite="stage-b-test-small-1-gpu")
 
 
-def local_snapshot(repo_id: str) -> str:
-    # The drafter's config is read from its directory at startup (capture plan).
-    return snapshot_download(repo_id)
-
-
 class TestEagle3FusesCapturedFeatures(EagleServerBase):
     target_model = DEFAULT_TARGET_MODEL_EAGLE3
     spec_algo = "EAGLE3"
     spec_steps = 2
     spec_topk = 1
     spec_tokens = 3
+    draft_model = DEFAULT_DRAFT_MODEL_EAGLE3
     extra_args = ["--dtype=float16", "--chunked-prefill-size", 1024]
-
-    @classmethod
-    def setUpClass(cls):
-        cls.draft_model = local_snapshot(DEFAULT_DRAFT_MODEL_EAGLE3)
-        super().setUpClass()
 
     def test_gsm8k_and_accept_length(self):
         args = SimpleNamespace(
@@ -69,7 +59,6 @@ class TestEagle3FusesCapturedFeatures(EagleServerBase):
 
 class TestEagle3DrafterUnderEagleIsRefused(CustomTestCase):
     def test_startup_fails_with_the_reason(self):
-        draft = local_snapshot(DEFAULT_DRAFT_MODEL_EAGLE3)
         port = DEFAULT_URL_FOR_TEST.rsplit(":", 1)[1]
         command = [
             sys.executable,
@@ -82,7 +71,7 @@ class TestEagle3DrafterUnderEagleIsRefused(CustomTestCase):
             "--speculative-algorithm",
             "EAGLE",
             "--speculative-draft-model-path",
-            draft,
+            DEFAULT_DRAFT_MODEL_EAGLE3,
             "--speculative-num-steps",
             "3",
             "--speculative-eagle-topk",

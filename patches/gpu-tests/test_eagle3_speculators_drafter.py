@@ -7,7 +7,6 @@ import unittest
 from types import SimpleNamespace
 
 import requests
-from huggingface_hub import snapshot_download
 
 from sglang.test.ci.ci_register import register_cuda_ci
 from sglang.test.run_eval import run_eval
@@ -26,13 +25,8 @@ class TestEagle3SpeculatorsDrafter(EagleServerBase):
     spec_steps = 3
     spec_topk = 1
     spec_tokens = 4
+    draft_model = SPECULATORS_DRAFT_MODEL_EAGLE3
     extra_args = ["--dtype=bfloat16", "--chunked-prefill-size", 1024]
-
-    @classmethod
-    def setUpClass(cls):
-        # speculators drafters are read from their directory (config.json as data).
-        cls.draft_model = snapshot_download(SPECULATORS_DRAFT_MODEL_EAGLE3)
-        super().setUpClass()
 
     def test_gsm8k_and_accept_length(self):
         args = SimpleNamespace(

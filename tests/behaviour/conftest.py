@@ -7,9 +7,10 @@
   ``sglang_ext``, and importing any plugin module fails the run. tests/test_patches.py runs it.
 
 The tests themselves (test_speculators_eagle3_*.py) only use SGLang's entry points, so the
-same assertions hold in both; scripts/make_patches.py also turns them into the series' unit
-tests. Plugin mode restores SGLang's registry and hooked functions after each test module, so
-the rest of the suite sees SGLang as it found it.
+same assertions hold in both; this is the drift guard between the plugin and the hand-written
+series (a few plugin-only behaviours skip in patched mode, saying why). Plugin mode restores
+SGLang's registry and hooked functions after each test module, so the rest of the suite sees
+SGLang as it found it.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ import pytest
 MODE = os.environ.get("SGLANG_EXT_BEHAVIOUR", "plugin")
 if MODE not in ("plugin", "patched"):
     raise pytest.UsageError(f"SGLANG_EXT_BEHAVIOUR={MODE!r}: expected 'plugin' or 'patched'")
-IN_TREE = "sglang.srt.speculative.speculators_eagle3"
+# A module only a patched SGLang has: the series' speculators config reader (the 0.5.17
+# series of the plugin-generated shape adds the package speculators_eagle3).
+IN_TREE = ("sglang.srt.configs.speculators_eagle3", "sglang.srt.speculative.speculators_eagle3")
 # The checkpoint builders (sglang_ext.demo, speculators' own classes) are test fixtures, not
 # the system under test.
 FIXTURE_MODULES = {"sglang_ext", "sglang_ext.demo"}
@@ -71,10 +74,11 @@ def sglang_stack(sglang_env):
     from sglang.srt.models.registry import ModelRegistry
     from sglang.srt.plugins.hook_registry import HookRegistry
 
-    in_tree = importlib.util.find_spec(IN_TREE) is not None
+    in_tree = any(importlib.util.find_spec(name) is not None for name in IN_TREE)
     if MODE == "patched":
         if not in_tree:
-            pytest.exit(f"patched mode, but {sglang.__file__} has no {IN_TREE}", returncode=4)
+            pytest.exit(f"patched mode, but {sglang.__file__} has none of {IN_TREE}",
+                        returncode=4)
         site = os.environ.get("SGLANG_EXT_PATCHED_SITE")
         if site and not Path(sglang.__file__).resolve().is_relative_to(Path(site).resolve()):
             pytest.exit(f"patched mode: sglang comes from {sglang.__file__}, not {site}",

@@ -19,6 +19,7 @@ import torch
 from builders import VARIANTS, Variant, speculators_logits, write_target
 from builders import build_drafter as build_speculators_drafter
 from eagle3_behaviour import (
+    MODE,
     build_drafter,
     configure_capture,
     error_text,
@@ -92,6 +93,13 @@ def test_registry_resolves_the_architectures_speculators_writes(sglang_env, arch
     assert model_class(architecture).__name__ == architecture
 
 
+# The plugin also reads the whole load report from the safetensors headers in get_config; the
+# upstream series checks the checkpoint when load_weights runs at startup (tested below).
+PLUGIN_CHECKS_HEADERS = pytest.mark.skipif(
+    MODE == "patched", reason="checkpoint checks in get_config are the plugin's own")
+
+
+@PLUGIN_CHECKS_HEADERS
 def test_get_config_checks_the_checkpoint_before_any_gpu_work(sglang_env, drafter, tmp_path):
     from safetensors.torch import load_file, save_file
 
@@ -106,6 +114,7 @@ def test_get_config_checks_the_checkpoint_before_any_gpu_work(sglang_env, drafte
     assert text.startswith("DrafterLoadError: ") and "model.fc.weight: missing" in text
 
 
+@PLUGIN_CHECKS_HEADERS
 def test_truncated_and_pickle_only_checkpoints_are_refused(sglang_env, drafter, tmp_path):
     from safetensors.torch import load_file
 
@@ -198,13 +207,20 @@ def test_d2t_becomes_the_hot_token_ids(sglang_env, drafter):
 
 @pytest.mark.parametrize("name", ["three_layers", "qwen3", "fc_norm", "norms_off"])
 def test_every_variant_loads_with_nothing_left_random(sglang_env, drafter, name):
+    """Every parameter the drafter uses comes from the checkpoint: all start as NaN. Left
+    out: the embeddings (shared from the target by set_embed) and the input_layernorm of
+    layers >= 1 (SGLang's layers >= 1 normalise their input with hidden_norm)."""
     directory, _ = drafter(name)
-    model = build_drafter(directory)
-    report = model.load_report
-    assert report.errors == []
-    loaded = {e.param for e in report.entries if e.status == "loaded"} - {"hot_token_id"}
-    derived = {e.param for e in report.entries if e.status == "derived"}
-    assert loaded | derived == {n for n, _ in model.named_parameters()}
+    config = get_config(directory)
+    model = model_class(config.architectures[0])(config)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.fill_(float("nan"))
+    model.load_weights(safetensors_weights(directory))
+    unused = {"model.embed_tokens.weight"} | {
+        f"model.layers.{i}.input_layernorm.weight" for i in range(1, config.num_hidden_layers)}
+    left = [n for n, p in model.named_parameters() if n not in unused and p.isnan().any()]
+    assert left == []
 
 
 BAD = {
@@ -255,17 +271,16 @@ def test_llama_targets_capture_the_state_entering_each_speculators_id(sglang_env
 
 @pytest.mark.parametrize("aux", [(2, 4, 5), (3, 5, 6), (1, 3, 4)])
 def test_deepseek_targets_capture_the_trained_layers(sglang_env, tmp_path, aux):
-    """deepseek_v2.py (DeepSeek-V3, Kimi-K2.x) adds 1 only when the first id is 1. Its own
-    method is called with llama-convention ids (it switches capture on), then the trained layers
-    are set on the target and read back, so no per-class id rule is needed."""
+    """deepseek_v2.py (DeepSeek-V3, Kimi-K2.x) adds 1 only when the first id is 1, and a first
+    aux layer of 1 cannot be asked for through ids at all: whatever ids switch capture on, the
+    target ends up capturing exactly the trained layers (the plugin and the series get there
+    differently; tests/test_capture.py pins the plugin's ids)."""
     target_dir = write_target(tmp_path / "target", layers=8)
     directory = tmp_path / "drafter"
     build_speculators_drafter(directory, target_dir, Variant(aux_ids=aux))
     target = sglang_target(8, "deepseek")
-    seen = record_capture_ids(target)
     with serving(speculative_draft_model_path=str(directory)):
         configure_capture(target, list(aux))
-    assert seen["ids"] == [k - 1 for k in aux]
     assert target.model.layers_to_capture == list(aux)
 
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 from eagle3_behaviour import (
     DRAFT_VOCAB,
+    MODE,
     build_drafter,
     error_text,
     model_class,
@@ -123,12 +124,20 @@ def test_every_problem_is_listed_at_once(checkpoint):
 # names with a log line and never check for missing ones
 
 
+# The series gives the MLA drafter fusion and capture only (patches/README.md); its strict
+# loading is the plugin's own so far.
+PLUGIN_ONLY_MLA_LOADING = pytest.mark.skipif(
+    MODE == "patched", reason="MLA strict loading is not in the patch series yet"
+)
+
+
 def mla_model(config, tensors):
     model = model_class("Eagle3DeepseekV2ForCausalLM")(config)
     model.load_weights(tensors.items())
     return model
 
 
+@PLUGIN_ONLY_MLA_LOADING
 def test_mla_drafter_loads_every_tensor(sglang_env):
     from mla_drafters import mla_checkpoint, mla_config
 
@@ -144,6 +153,7 @@ def test_mla_drafter_loads_every_tensor(sglang_env):
     assert model.load_report.count("loaded") == len(tensors) - 2  # embed_tokens, t2d ignored
 
 
+@PLUGIN_ONLY_MLA_LOADING
 @pytest.mark.parametrize("change, message", [
     (lambda t: t.pop("layers.0.self_attn.kv_a_proj_with_mqa.weight"),
      "model.midlayer.self_attn.fused_qkv_a_proj_with_mqa.weight[shard kv_a]: missing"),
