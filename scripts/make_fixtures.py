@@ -29,7 +29,7 @@ transformers ``output_hidden_states[k]``; id ``num_layers`` would be the last de
 output before the final norm. Drafter training targets use that pre-norm last hidden state
 (speculators applies ``verifier_norm`` + ``verifier_lm_head`` itself); note transformers 5
 returns the POST-norm state as ``output_hidden_states[-1]``, so we capture the input of
-the final norm instead (``sglang_ext.reference.collect_hidden_states``).
+the final norm instead (``sglang_ext_tools.reference.collect_hidden_states``).
 
 Determinism: every stage reseeds python/torch RNGs from ``--seed`` and a per-stage
 offset, so a stage's result does not depend on which other variants are built. The CPU
@@ -70,7 +70,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from sglang_ext import reference as ref  # noqa: E402
+from sglang_ext_tools import reference as ref  # noqa: E402
 
 VARIANTS = ("llama", "llama3layer", "random", "qwen3", "dsv3", "sglang4layer")
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>")  # ids 0, 1, 2
