@@ -57,22 +57,15 @@ from sglang_ext.bench_report import (
     summarize,
     write_plot,
 )
-from sglang_ext.bench_report import accept_length_histogram as accept_length_histogram
 from sglang_ext.bench_report import extract_acceptance as extract_acceptance
 from sglang_ext.bench_report import per_position_from_histogram as per_position_from_histogram
 
 DEFAULT_URL = "http://127.0.0.1:30000"
 SERVER_INFO_KEYS = (
-    "version",
-    "model_path",
-    "served_model_name",
-    "speculative_algorithm",
-    "speculative_draft_model_path",
-    "speculative_num_steps",
-    "speculative_eagle_topk",
-    "speculative_num_draft_tokens",
-    "enable_metrics",
-)
+    "version", "model_path", "served_model_name", "speculative_algorithm",
+    "speculative_draft_model_path", "speculative_num_steps", "speculative_eagle_topk",
+    "speculative_num_draft_tokens", "enable_metrics",
+)  # fmt: skip
 
 
 class BenchError(Exception):
@@ -291,11 +284,10 @@ async def _request(serving, spec: RequestSpec, prompt: Prompt, index: int, npos:
     """One request through SGLang's request function; errors are captured, not raised."""
     url, body = build_body(spec, prompt)
     func = serving.ASYNC_REQUEST_FUNCS["sglang" if spec.api == "generate" else "sglang-oai"]
-    # SGLang's function puts the prompt under "text"/"input_ids" (by type) or "prompt".
-    text_or_ids = body.pop("text", None) if "text" in body else body.pop("input_ids", None)
-    text_or_ids = body["prompt"] if spec.api == "openai" else text_or_ids
+    # SGLang's function sets the prompt itself ("text" / "input_ids" by type, or "prompt").
+    key = "prompt" if spec.api == "openai" else ("text" if "text" in body else "input_ids")
     request = serving.RequestFuncInput(
-        prompt=text_or_ids, api_url=url, prompt_len=0, output_len=spec.max_new_tokens,
+        prompt=body.pop(key), api_url=url, prompt_len=0, output_len=spec.max_new_tokens,
         model=spec.model or "", lora_name=None, image_data=None, extra_request_body=body,
     )  # fmt: skip
     capture = _Capture()
@@ -310,9 +302,14 @@ async def _request(serving, spec: RequestSpec, prompt: Prompt, index: int, npos:
     errors = [o["error"] for o in objs if isinstance(o, dict) and o.get("error")]
     if not out.success or errors:
         status = capture.status
-        detail = f"server error: {errors[0]}" if out.success else out.error.strip()[-500:]
-        where = f"HTTP {status} from {url}" if status and status != 200 else f"request to {url}"
-        return RequestResult(index=index, ok=False, error=f"{where}: {detail}")
+        if status and status != 200:  # SGLang's error: "<reason>: <body>"
+            error = f"HTTP {status} from {url}: {out.error.strip()[:500]}"
+        elif errors:
+            error = f"server error from {url}: {errors[0]}"
+        else:  # SGLang's error: the traceback; its last line names the cause
+            cause = (out.error.strip().splitlines() or ["?"])[-1]
+            error = f"cannot complete request to {url}: {cause}"
+        return RequestResult(index=index, ok=False, error=error)
     if spec.api == "generate":
         response = objs[-1] if objs else {}
         response = (response[0] if response else {}) if isinstance(response, list) else response
@@ -408,7 +405,8 @@ def run_benchmark(
     """Warm up (sequential, discarded), then send all prompts, ``concurrency`` at a time.
     Returns (results in prompt order, wall seconds of the timed part)."""
     coro = _run(spec, prompts, max(1, concurrency), warmup, progress, desc, num_positions)
-    return asyncio.run(coro)
+    with contextlib.redirect_stdout(sys.stderr):  # SGLang prints failed requests' tracebacks
+        return asyncio.run(coro)
 
 
 def probe_server(url: str, timeout: float) -> dict[str, Any]:
