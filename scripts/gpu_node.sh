@@ -44,7 +44,7 @@ export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 
 # The detached pipelines run from their own copy: each device call re-syncs the checkout.
 copy_repo() {
-    rm -rf /tmp/repo && mkdir /tmp/repo && cp -r scripts sglang_ext tests patches pyproject.toml /tmp/repo/
+    rm -rf /tmp/repo && mkdir /tmp/repo && cp -r scripts sglang_ext sglang_ext_tools tests patches pyproject.toml /tmp/repo/
 }
 # The training subset (chunk s1) into its own site, so fixtures start before SGLang is in.
 train_site() {

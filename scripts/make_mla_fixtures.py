@@ -20,7 +20,7 @@ Stages (``--stage``), each writing into ``--out``:
   drafter  speculators' Eagle3DraftModel (a llama-type draft layer, as speculators builds
            for such verifiers) trained with speculators' forward and kl_div loss on half raw
            text, half distillation text; aux ids [1, 3, 5]; full vocabulary; and the offline
-           reference tau (sglang_ext.reference chain loop) on held-out prompts, in bf16 (the
+           reference tau (sglang_ext_tools.reference chain loop) on held-out prompts, in bf16 (the
            served numeric class; fp32 too with --ref-fp32, and on CPU fp32 only).
   deepen   deep-target/ (61 layers), deep-drafter/ (the same weights, aux ids [10, 30, 50]),
            a bf16 check that deep and small logits agree, and seed-drafter/: the seed's
@@ -55,7 +55,7 @@ sys.path.insert(0, str(HERE))
 import make_fixtures as mf  # noqa: E402
 import make_speed_fixtures as msf  # noqa: E402
 
-from sglang_ext import reference as ref  # noqa: E402
+from sglang_ext_tools import reference as ref  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,7 +4,7 @@ language model, and two speculators EAGLE-3 drafters for it. Nothing is download
 
 How (and why this way): an 8B model cannot be trained in a GPU lease of minutes, but a small
 one can, and a small one can be embedded function-preservingly in an 8B-shaped one
-(``sglang_ext.widen``: zero-padded hidden dimensions, RMSNorm weights and eps rescaled, the
+(``sglang_ext_tools.widen``: zero-padded hidden dimensions, RMSNorm weights and eps rescaled, the
 small layers spread over 32 with identity residual blocks in between). The big target then
 costs what Llama-3.1-8B costs per token (same layer count, widths, GQA 32/8, head_dim 128;
 its vocabulary is our 8192-token BPE) and predicts exactly what the small one predicts.
@@ -56,8 +56,8 @@ sys.path.insert(0, str(HERE))
 
 import make_fixtures as mf  # noqa: E402
 
-from sglang_ext import reference as ref  # noqa: E402
-from sglang_ext import widen  # noqa: E402
+from sglang_ext_tools import reference as ref  # noqa: E402
+from sglang_ext_tools import widen  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
@@ -340,7 +340,7 @@ def stage_drafter(args, scale: SpeedScale) -> dict[str, Any]:
         out_name=f"small-drafter-{tag}",
     )
 
-    # Offline reference tau: the reference chain loop (sglang_ext.reference) in fp32.
+    # Offline reference tau: the reference chain loop (sglang_ext_tools.reference) in fp32.
     r = scale.reference
     prompts = [json.loads(line)["input_ids"] for line in (out / "prompts.jsonl").open()]
     ref_target = ref.load_target(out / "small-target", device=device, dtype="float32")

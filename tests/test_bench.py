@@ -653,3 +653,30 @@ def test_plot_written(tmp_path, recorded):
     p = tmp_path / "x.png"
     b.write_plot(str(p), b.summarize(res, 1.0), res)
     assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ------------------------------------------------------------------ on SGLang's benchmark client
+
+
+def test_requests_go_through_sglang_benchmark_client(stub_servers, tmp_path):
+    """The bodies carry the defaults only SGLang's request functions add (``return_logprob``
+    on /generate, ``best_of`` on /v1/completions), under the fields this bench sets."""
+    (url, h1), _ = stub_servers
+    for api in ("generate", "openai"):
+        spec = b.RequestSpec(api=api, url=url, max_new_tokens=8, ignore_eos=True)
+        results, _ = b.run_benchmark(spec, [b.Prompt(text="hi")], 1, progress=False)
+        assert results[0].ok and results[0].acceptance.accept_length is not None
+    (_, gen), (_, oai) = h1.seen[-2:]
+    assert "return_logprob" in gen and gen["sampling_params"]["max_new_tokens"] == 8
+    assert gen["sampling_params"]["ignore_eos"] is True and gen["text"] == "hi"
+    assert oai["best_of"] == 1 and oai["return_spec_tokens_details"] is True
+
+
+def test_import_is_cheap():
+    """``sglang-ext --help`` must not pay for SGLang's benchmark (torch, transformers)."""
+    import subprocess
+
+    code = "import sys, sglang_ext.cli, sglang_ext.bench; print(sorted(m for m in sys.modules "
+    code += "if m.split('.')[0] in ('sglang', 'torch', 'transformers', 'aiohttp')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

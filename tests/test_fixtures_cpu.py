@@ -251,7 +251,7 @@ def test_tiny_training_reduces_loss(built):
 
 
 def test_reference_outputs_reload(built):
-    from sglang_ext import reference as ref
+    from sglang_ext_tools import reference as ref
 
     torch.set_num_threads(1)  # same summation order as the script's CPU run
     out, m, _ = built

@@ -1,4 +1,4 @@
-"""CPU tests of the offline EAGLE-3 reference loop (sglang_ext.reference).
+"""CPU tests of the offline EAGLE-3 reference loop (sglang_ext_tools.reference).
 
 Everything is built in-process at toy scale in fp32: a random transformers Llama target
 saved to a temp dir, and speculators ``Eagle3DraftModel`` drafters built from config.
@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("speculators")
 
-from sglang_ext import reference as ref  # noqa: E402
+from sglang_ext_tools import reference as ref  # noqa: E402
 
 VOCAB = 96
 HIDDEN = 32

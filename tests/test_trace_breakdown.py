@@ -1,4 +1,4 @@
-"""sglang_ext.trace_breakdown on a synthetic torch-profiler trace of known composition."""
+"""sglang_ext_tools.trace_breakdown on a synthetic torch-profiler trace of known composition."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from sglang_ext.trace_breakdown import breakdown, load_trace, newest_trace
+from sglang_ext_tools.trace_breakdown import breakdown, load_trace, newest_trace
 
 
 def _trace(cycles: int = 2, gap_us: float = 500.0) -> dict:
@@ -81,7 +81,7 @@ def test_gzipped_trace_is_found_and_read(tmp_path):
 
 
 def test_summary_names_the_costliest_kernels_per_cycle(tmp_path):
-    from sglang_ext.trace_breakdown import main
+    from sglang_ext_tools.trace_breakdown import main
 
     path = tmp_path / "spec-TP-0.trace.json.gz"
     trace = _trace(cycles=2)

@@ -1,4 +1,4 @@
-"""Function-preserving widening (sglang_ext.widen): the big model computes the small one's
+"""Function-preserving widening (sglang_ext_tools.widen): the big model computes the small one's
 function, checked with transformers' own Llama and speculators' own Eagle3DraftModel in fp32."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import json
 import pytest
 import torch
 
-from sglang_ext import widen
-from sglang_ext.reference import load_drafter
-from sglang_ext.widen import Shape, WidenError, Widening
+from sglang_ext_tools import widen
+from sglang_ext_tools.reference import load_drafter
+from sglang_ext_tools.widen import Shape, WidenError, Widening
 from tests.builders import Variant, build_drafter, write_target
 
 SMALL = dict(hidden=32, heads=2, kv_heads=1, head_dim=16, intermediate=48)

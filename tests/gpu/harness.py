@@ -8,8 +8,8 @@ from __future__ import annotations
 import os
 import time
 
-from sglang_ext.launch import BASE_FLAGS, STOCK_ENV, spec_flags, start_all
-from sglang_ext.launch import Server as _LaunchServer
+from sglang_ext_tools.launch import BASE_FLAGS, STOCK_ENV, spec_flags, start_all
+from sglang_ext_tools.launch import Server as _LaunchServer
 
 __all__ = [
     "BASE_FLAGS",
@@ -29,7 +29,7 @@ OUTCOMES: dict[str, str] = {}  # test id -> passed/failed/skipped, filled by con
 
 
 class Server(_LaunchServer):
-    """`sglang_ext.launch.Server` with $SGLANG_EXT_SERVER_ARGS appended to its command."""
+    """`sglang_ext_tools.launch.Server` with $SGLANG_EXT_SERVER_ARGS appended to its command."""
 
     def command(self) -> list[str]:
         return super().command() + EXTRA_ARGS

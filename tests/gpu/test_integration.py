@@ -108,7 +108,7 @@ def test_acceptance_matches_the_reference(cluster):
         "prompts": len(chosen),
         "max_new_tokens": ref_info["max_new_tokens"],
         "definition": "(accepted draft tokens + verify steps) / verify steps",
-        "reference": "sglang_ext.reference chain loop, transformers target + speculators "
+        "reference": "sglang_ext_tools.reference chain loop, transformers target + speculators "
         "drafter modules (fixtures.json drafters.llama-drafter.reference)",
     }
     assert ref_info.get("dtype") == "bfloat16", "run make_fixtures.py with --ref-dtype bfloat16"

@@ -580,7 +580,7 @@ def evaluate_tau(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m sglang_ext.reference --target T --drafter D --prompts prompts.jsonl``."""
+    """``python -m sglang_ext_tools.reference --target T --drafter D --prompts prompts.jsonl``."""
     import argparse
 
     parser = argparse.ArgumentParser(description="offline EAGLE-3 reference tau")
