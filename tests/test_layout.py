@@ -24,6 +24,8 @@ RUNTIME = {
     "sglang_ext.models.llama_eagle3",
     "sglang_ext.plugin",
     "sglang_ext.speculators_format",
+    "sglang_ext.tokenizer_worker_app",
+    "sglang_ext.tokenizer_workers",
     "sglang_ext.verify_splitkv",
 }
 CLI = {
