@@ -46,6 +46,20 @@ export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 copy_repo() {
     rm -rf /tmp/repo && mkdir /tmp/repo && cp -r scripts sglang_ext sglang_ext_tools tests patches pyproject.toml /tmp/repo/
 }
+# Stage the training subset, copy the checkout and start `gpu_node.sh PIPELINE` from the copy
+# in a new session (it outlives this call), its log in DIR/pipeline.log; the remaining
+# arguments reach it through the variable VAR.
+start_detached() {
+    local pipeline=$1 dir=$2 var=$3
+    shift 3
+    mkdir -p "$dir"
+    train_site
+    copy_repo
+    env "$var=$*" setsid nohup bash /tmp/repo/scripts/gpu_node.sh "$pipeline" \
+        >"$dir/pipeline.log" 2>&1 </dev/null &
+    sleep 2
+    cat "$dir/pipeline.log"
+}
 # The training subset (chunk s1) into its own site, so fixtures start before SGLang is in.
 train_site() {
     mkdir -p "$WH" && cp .wh/s1/*.whl "$WH"/
@@ -91,12 +105,7 @@ PY
     ;;
 suite-start)
     mkdir -p "$SUITE/result"
-    train_site
-    copy_repo
-    SUITE_PYTEST_ARGS="$*" setsid nohup bash /tmp/repo/scripts/gpu_node.sh suite-pipeline \
-        >"$SUITE/pipeline.log" 2>&1 </dev/null &
-    sleep 2
-    cat "$SUITE/pipeline.log"
+    start_detached suite-pipeline "$SUITE" SUITE_PYTEST_ARGS "$@"
     ;;
 suite-pipeline)
     # (make_fixtures || make_mla_fixtures) -> (after `install`) patched copy -> pytest -m gpu;
@@ -140,13 +149,7 @@ suite-wait)
     [ -f "$SUITE/DONE" ]
     ;;
 speed-start)
-    mkdir -p "$SPEED"
-    train_site
-    copy_repo
-    SPEED_BENCH_ARGS="$*" setsid nohup bash /tmp/repo/scripts/gpu_node.sh speed-pipeline \
-        >"$SPEED/pipeline.log" 2>&1 </dev/null &
-    sleep 2
-    cat "$SPEED/pipeline.log"
+    start_detached speed-pipeline "$SPEED" SPEED_BENCH_ARGS "$@"
     ;;
 speed-pipeline)
     # base -> (after `install`) widen-target || drafter nbr=true || drafter nbr=false

@@ -9,6 +9,7 @@ $SGLANG_EXT_RESULTS_DIR) with the figures each test measured.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
@@ -224,12 +225,21 @@ def cluster():
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     for path in (JSONL, ALARM_JSONL):
         path.unlink(missing_ok=True)
-    servers = launch(servers, "startup")
+    try:
+        with running(servers, "startup") as started:
+            yield started
+    finally:
+        write_results()
+
+
+@contextlib.contextmanager
+def running(servers: list[Server], key: str):
+    """The servers started by `launch`, as a Cluster; stopped on the way out."""
+    servers = launch(servers, key)
     try:
         yield Cluster({s.name: s for s in servers})
     finally:
         stop(servers)
-        write_results()
 
 
 def launch(servers: list[Server], key: str) -> list[Server]:

@@ -22,13 +22,12 @@ from suite import (
     MLA_NEW_TOKENS,
     RESULTS,
     TREE,
-    Cluster,
     Server,
     baseline,
     gpu_count_safe,
-    launch,
     load_prompts,
     prometheus_value,
+    running,
     served_tau,
     stop,
 )
@@ -64,11 +63,8 @@ def tp2(cluster):
             Server("tp2_mla_tree", target, next(port), mla_drafter, TP2, spec=TREE),
         ]
     JSONL_TP2.unlink(missing_ok=True)
-    servers = launch(servers, "startup_tp2")
-    try:
-        yield Cluster({s.name: s for s in servers})
-    finally:
-        stop(servers)
+    with running(servers, "startup_tp2") as started:
+        yield started
 
 
 def _case(tp2, nospec: str, spec: str, prompts, max_new_tokens: int, tau_tp1, name: str) -> dict:
