@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import random
 import shlex
 import statistics
 import sys
@@ -49,6 +50,7 @@ SCHEMA_VERSION = 1
 MAIN = "speculators (plugin)"
 NBR_PLUGIN = "nbr_false (plugin)"
 NBR_STOCK = "nbr_false converted (stock SGLang)"
+NOISE = "no speculation, measured again (noise of the ratios)"
 # goal name -> (figure, threshold); evaluated at `best` (plugin_vs_stock: compare setting)
 GOALS = {
     "speedup_ge_2_5": ("speedup", 2.5),
@@ -113,14 +115,19 @@ def server_specs(
     settings: Sequence[Setting],
     compare: Setting | None,
     variants: Sequence[tuple[str, str, str]] = (),
+    noise: bool = False,
 ) -> list[dict[str, Any]]:
     """The servers of one run, as plain data. `compare` None: no nbr-false servers. Each
-    variant runs the main drafter at the compare setting (else the first) with its env."""
+    variant runs the main drafter at the compare setting (else the first) with its env.
+    `noise`: the no-speculation server is measured twice per round ("nospec-again", no second
+    server), so the run states the noise of its own ratios."""
 
     def spec(name: str, role: str, setting: Setting | None, stock: bool = False, **kw) -> dict:
         return {"name": name, "role": role, "setting": setting, "stock": stock, **kw}
 
     specs = [spec("nospec", "nospec", None, stock=True)]
+    if noise:
+        specs.append(spec("nospec-again", "noise", None, stock=True, alias_of="nospec"))
     specs += [spec("spec-" + "-".join(map(str, s)), "spec", s) for s in settings]
     if compare is not None:
         tag = "-".join(map(str, compare))
@@ -134,8 +141,10 @@ def server_specs(
 
 
 def make_servers(specs: Sequence[Mapping[str, Any]], args: argparse.Namespace) -> list[Server]:
+    """One server per spec, except aliases (a second measurement of another spec's server)."""
     drafts = {"nospec": None, "spec": args.drafter, "nbr_plugin": args.drafter_nbr_false,
               "nbr_stock": args.drafter_nbr_false_sglang, "variant": args.drafter}
+    specs = [spec for spec in specs if not spec.get("alias_of")]
     return [
         Server(spec["name"], args.target, args.port_base + k, drafts[spec["role"]],
                env=dict(STOCK_ENV) if spec["stock"] else dict(spec.get("env") or {}),
@@ -158,8 +167,10 @@ def server_extra_args(args: argparse.Namespace) -> list[str]:
     return extra
 
 
-def requests_for_batch(batch: int, waves: int) -> int:
-    return max(4, waves) if batch == 1 else batch * waves
+def requests_for_batch(batch: int, waves: int, batch1_requests: int = 64) -> int:
+    """Batch 1: ``batch1_requests`` prompts one after another (enough for a per-prompt
+    interval); batch b: ``waves`` waves of b concurrent requests."""
+    return max(batch1_requests, waves) if batch == 1 else batch * waves
 
 
 def rotate(names: Sequence[str], round_idx: int) -> list[str]:
@@ -168,20 +179,25 @@ def rotate(names: Sequence[str], round_idx: int) -> list[str]:
 
 
 def prompt_indices(num_prompts: int, round_idx: int, count: int) -> list[int]:
-    """Deterministic prompts of one (round, batch): every server gets the same ones; rounds
-    move on through the prompt list."""
-    start = (round_idx * count) % num_prompts
-    return [(start + k) % num_prompts for k in range(count)]
+    """The prompts of one (round, batch): the same ones, in the same order, for every server
+    and every round, so rounds differ only in time and a per-prompt pairing holds."""
+    del round_idx  # kept in the signature: the plan asks per round
+    return [k % num_prompts for k in range(count)]
 
 
 def build_plan(
-    names: Sequence[str], batches: Sequence[int], rounds: int, waves: int, num_prompts: int
+    names: Sequence[str],
+    batches: Sequence[int],
+    rounds: int,
+    waves: int,
+    num_prompts: int,
+    batch1_requests: int = 64,
 ) -> list[dict[str, Any]]:
     plan = []
     for r in range(rounds):
         for name in rotate(names, r):
             for b in batches:
-                n = requests_for_batch(b, waves)
+                n = requests_for_batch(b, waves, batch1_requests)
                 plan.append({"round": r, "server": name, "batch": b, "requests": n,
                              "concurrency": b, "prompts": prompt_indices(num_prompts, r, n)})
     return plan
@@ -211,6 +227,8 @@ def summarize_measurement(results: Sequence[RequestResult], wall_s: float) -> di
         "tau": round(sum(r.completion_tokens or 0 for r in spec) / verify, 4) if verify else None,
         "errors": len(results) - len(ok),
         "error_samples": [r.error for r in results if not r.ok][:3],
+        # in request order (= the plan's prompt order); None for a failed request
+        "latency_s": [_r(r.latency_s, 5) if r.ok else None for r in results],
     }
 
 
@@ -231,12 +249,59 @@ def aggregate(measurements: Sequence[Mapping[str, Any]]) -> dict[tuple[str, int]
         tpots = [m["tpot_ms"] for m in timed if m.get("tpot_ms") is not None]
         out[key] = {
             "tok_s": statistics.median(toks), "tok_s_min": min(toks), "tok_s_max": max(toks),
+            "tok_s_mean": statistics.fmean(toks),
             "tok_s_rounds": {m["round"]: m["tok_s"] for m in timed},
+            "latency_rounds": [m.get("latency_s") or [] for m in timed],
             "tau": vtokens / verify if verify else None,
             "tpot_ms": statistics.median(tpots) if tpots else None,
             "errors": sum(m.get("errors", 0) for m in ms),
         }
     return out
+
+
+def per_prompt_times(latency_rounds: Sequence[Sequence[float | None]]) -> list[float | None]:
+    """Each prompt's mean latency over the rounds (None where any round failed it)."""
+    if not latency_rounds:
+        return []
+    n = min(len(r) for r in latency_rounds)
+    out = []
+    for i in range(n):
+        values = [r[i] for r in latency_rounds]
+        out.append(None if any(v is None for v in values) else statistics.fmean(values))
+    return out
+
+
+def bootstrap_ratio_ci(
+    numerator: Sequence[float], denominator: Sequence[float], draws: int = 4000, seed: int = 0
+) -> list[float] | None:
+    """95 % interval of sum(numerator) / sum(denominator), resampling the pairs. With equal
+    token counts per prompt (ignore_eos), nospec time / spec time is the speedup."""
+    pairs = [(a, b) for a, b in zip(numerator, denominator, strict=False)
+             if a is not None and b is not None]
+    if len(pairs) < 2:
+        return None
+    rng = random.Random(seed)
+    ratios = []
+    for _ in range(draws):
+        picks = [pairs[rng.randrange(len(pairs))] for _ in pairs]
+        ratios.append(sum(a for a, _ in picks) / sum(b for _, b in picks))
+    ratios.sort()
+    return [round(ratios[int(0.025 * draws)], 4), round(ratios[int(0.975 * draws) - 1], 4)]
+
+
+def speedup_interval(base: Mapping[str, Any], run: Mapping[str, Any], batch: int):
+    """(interval, method): batch 1 pairs prompts (each one's time averaged over rounds);
+    larger batches pair rounds (a round's wall time per wave is not per prompt)."""
+    if batch == 1:
+        nospec = per_prompt_times(base.get("latency_rounds", []))
+        spec = per_prompt_times(run.get("latency_rounds", []))
+        return bootstrap_ratio_ci(nospec, spec), "paired prompts, bootstrap"
+    rounds = sorted(set(base.get("tok_s_rounds", {})) & set(run.get("tok_s_rounds", {})))
+    return (
+        bootstrap_ratio_ci([run["tok_s_rounds"][r] for r in rounds],
+                           [base["tok_s_rounds"][r] for r in rounds]),
+        "paired rounds, bootstrap",
+    )
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -256,10 +321,12 @@ def build_rows(
     specs: Sequence[Mapping[str, Any]],
     batches: Sequence[int],
     statuses: Mapping[str, str] | None = None,
+    backend: str | None = None,
 ) -> list[dict[str, Any]]:
     statuses = statuses or {}
     nbr = {s["role"]: s for s in specs if s["role"] in ("nbr_plugin", "nbr_stock")}
-    drafter_of = {"spec": MAIN, "nbr_plugin": NBR_PLUGIN, "nbr_stock": NBR_STOCK}
+    drafter_of = {"spec": MAIN, "nbr_plugin": NBR_PLUGIN, "nbr_stock": NBR_STOCK,
+                  "noise": NOISE}
 
     def tok(name: str | None, b: int) -> float | None:
         entry = agg.get((name, b)) if name else None
@@ -269,7 +336,7 @@ def build_rows(
     for spec in specs:
         if spec["role"] == "nospec":
             continue
-        steps, topk, draft = spec["setting"]
+        steps, topk, draft = spec["setting"] or (None, None, None)
         pvs_pair = (
             (nbr["nbr_plugin"]["name"], nbr["nbr_stock"]["name"])
             if len(nbr) == 2 and tuple(spec["setting"]) == tuple(nbr["nbr_plugin"]["setting"])
@@ -294,7 +361,9 @@ def build_rows(
                 f"{n} ({_why(statuses.get(n))})" for n in missing
             )
             run, base = run or {}, base or {}
+            ci, method = speedup_interval(base, run, b) if run and base else (None, None)
             rows.append({
+                "backend": backend,
                 "batch": b, "steps": steps, "topk": topk, "draft_tokens": draft,
                 "drafter": drafter_of.get(spec["role"]) or f"{MAIN} [{spec.get('label')}]",
                 "server": spec["name"],
@@ -302,6 +371,9 @@ def build_rows(
                 "spec_tok_s_min": _r(run.get("tok_s_min"), 2),
                 "spec_tok_s_max": _r(run.get("tok_s_max"), 2),
                 "tau": _r(tau), "speedup": _r(speedup), "eta": _r(eta),
+                "speedup_ci95": ci, "speedup_ci_method": method,
+                "spec_tok_s_mean": _r(run.get("tok_s_mean"), 2),
+                "prompts": len(run.get("latency_rounds", [[]])[0]) if run else None,
                 "plugin_vs_stock": _r(pvs),
                 "nospec_tpot_ms": _r(base.get("tpot_ms"), 3),
                 "spec_tpot_ms": _r(run.get("tpot_ms"), 3),
@@ -384,7 +456,9 @@ def build_result(
 ) -> dict[str, Any]:
     """The result JSON from run metadata, server records and raw measurements."""
     statuses = {s["name"]: s["status"] for s in servers}
-    rows = build_rows(aggregate(measurements), specs, meta["batches"], statuses)
+    rows = build_rows(
+        aggregate(measurements), specs, meta["batches"], statuses, meta.get("attention_backend")
+    )
     best, goals = best_and_goals(rows, compare)
     return {
         "schema_version": SCHEMA_VERSION,
@@ -399,23 +473,49 @@ def build_result(
     }
 
 
+def merge_results(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One result from runs on several attention backends (one run per backend: a server's
+    backend is fixed at startup): rows side by side, `best` and goals over all of them, each
+    run's metadata and measurements kept under `runs`."""
+    if not results:
+        raise ValueError("nothing to merge")
+    rows = [dict(r, backend=r.get("backend") or res.get("attention_backend"))
+            for res in results for r in res["rows"]]
+    compare = results[0].get("compare_setting")
+    best, goals = best_and_goals(rows, tuple(compare) if compare else None)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "merged": True,
+        "backends": [res.get("attention_backend") for res in results],
+        "batches": sorted({b for res in results for b in res["batches"]}),
+        "rows": rows,
+        "best": best,
+        "goals": goals,
+        "runs": [{k: v for k, v in res.items() if k != "rows"} for res in results],
+    }
+
+
 def _f(x: Any, fmt: str) -> str:
     return "-" if x is None else fmt.format(x)
 
 
 def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
-    head = ("drafter", "setting", "b", "nospec", "spec", "tau", "speedup", "eta", "p/s",
-            "tpot ms", "status")
+    head = ("backend", "drafter", "setting", "b", "nospec", "spec", "tau", "speedup", "95% ci",
+            "eta", "p/s", "tpot ms", "status")
+    left = {0, 1, 2, len(head) - 1}
     lines = [head]
     for r in rows:
         figures = [_f(r[k], "{:.1f}") for k in ("nospec_tok_s", "spec_tok_s")]
-        figures += [_f(r[k], "{:.3f}") for k in ("tau", "speedup", "eta", "plugin_vs_stock")]
-        setting = label((r["steps"], r["topk"], r["draft_tokens"]))
-        lines.append((r["drafter"], setting, str(r["batch"]), *figures,
-                      _f(r["spec_tpot_ms"], "{:.2f}"), r["status"]))
+        figures += [_f(r[k], "{:.3f}") for k in ("tau", "speedup")]
+        ci = r.get("speedup_ci95")
+        figures.append(f"{ci[0]:.3f}-{ci[1]:.3f}" if ci else "-")
+        figures += [_f(r[k], "{:.3f}") for k in ("eta", "plugin_vs_stock")]
+        setting = label((r["steps"], r["topk"], r["draft_tokens"])) if r["steps"] else "-"
+        lines.append((str(r.get("backend") or "-"), r["drafter"], setting, str(r["batch"]),
+                      *figures, _f(r["spec_tpot_ms"], "{:.2f}"), r["status"]))
     widths = [max(len(line[k]) for line in lines) for k in range(len(head))]
     return "\n".join(
-        "  ".join(cell.ljust(w) if k in (0, 1, 10) else cell.rjust(w)
+        "  ".join(cell.ljust(w) if k in left else cell.rjust(w)
                   for k, (cell, w) in enumerate(zip(line, widths, strict=True))).rstrip()
         for line in lines
     )
@@ -432,9 +532,12 @@ def write_png(result: Mapping[str, Any], path: str) -> bool:
         return False
     rows, batches = result["rows"], list(result["batches"])
     series: dict[str, list[Mapping[str, Any]]] = {}
+    backends = {r.get("backend") for r in rows}
     for r in rows:
-        name = label((r["steps"], r["topk"], r["draft_tokens"]))
-        key = name if r["drafter"] == MAIN else f"{r['drafter']} {name}"
+        name = label((r["steps"], r["topk"], r["draft_tokens"])) if r["steps"] else ""
+        key = name if r["drafter"] == MAIN else f"{r['drafter']} {name}".strip()
+        if len(backends) > 1:
+            key = f"{r.get('backend')} {key}"
         series.setdefault(key, []).append(r)
     fig, (left, right) = plt.subplots(1, 2, figsize=(14, 5.5))
     xs = range(len(batches))
@@ -529,6 +632,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=_positive_int, default=256)
     p.add_argument("--rounds", type=_positive_int, default=3)
     p.add_argument("--requests-per-batch", type=_positive_int, default=2, metavar="WAVES")
+    p.add_argument("--noise", action="store_true",
+                   help="measure the no-speculation server twice per round: the ratio of the "
+                   "two is the run's own noise floor (row 'no speculation, measured again')")
+    p.add_argument("--batch1-requests", type=_positive_int, default=64,
+                   help="prompts per server per round at batch 1, the same ones every round "
+                   "(the per-prompt bootstrap interval of the speedup needs them)")
     p.add_argument("--mem-fraction", type=float, default=0.13)
     p.add_argument("--variant", action="append", type=parse_variant, default=[],
                    metavar="LABEL:KEY=VALUE",
@@ -606,7 +715,39 @@ def profile_server(server: Server, prompt: Any, args: argparse.Namespace) -> dic
     return {**out, "trace": str(path), "request": summarize_measurement(results, wall)}
 
 
+def merge_main(argv: Sequence[str]) -> int:
+    """``bench_speed.py merge RUN.json ... --out-json OUT [--out-png PNG]``: the backend
+    matrix from one run per attention backend."""
+    parser = argparse.ArgumentParser(prog="bench_speed.py merge", description=merge_main.__doc__)
+    parser.add_argument("runs", nargs="+", type=Path)
+    parser.add_argument("--out-json", type=Path, required=True)
+    parser.add_argument("--out-png")
+    args = parser.parse_args(argv)
+    results = []
+    for path in args.runs:
+        try:
+            results.append(json.loads(path.read_text()))
+        except (OSError, ValueError) as exc:
+            print(f"error: {path}: not a bench_speed result ({exc})", file=sys.stderr)
+            return 2
+        if "rows" not in results[-1] or "batches" not in results[-1]:
+            print(f"error: {path}: no rows/batches: not a bench_speed result", file=sys.stderr)
+            return 2
+    if args.out_json.exists():
+        print(f"error: {args.out_json} exists; not overwritten", file=sys.stderr)
+        return 2
+    merged = merge_results(results)
+    args.out_json.write_text(json.dumps(merged, indent=1) + "\n")
+    print(format_table(merged["rows"]))
+    if args.out_png:
+        write_png(merged, args.out_png)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["merge"]:
+        return merge_main(argv[1:])
     args = parse_args(argv)
     try:
         prompts, source = load_prompts(args.prompts)
@@ -617,10 +758,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {source}: every line needs input_ids (servers skip the tokenizer)",
               file=sys.stderr)
         return 2
-    specs = server_specs(args.settings, args.compare, args.variant)
+    specs = server_specs(args.settings, args.compare, args.variant, args.noise)
     servers = make_servers(specs, args)
-    plan = build_plan([s.name for s in servers], args.batches, args.rounds,
-                      args.requests_per_batch, len(prompts))
+    plan = build_plan([spec["name"] for spec in specs], args.batches, args.rounds,
+                      args.requests_per_batch, len(prompts), args.batch1_requests)
     if args.dry_run:
         dry = {
             "servers": [{"name": s.name, "url": s.url, "command": s.command(), "env": s.env}
@@ -635,6 +776,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     date = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     started, measurements, aborted, profiles = time.time(), [], None, {}
     by_name = {s.name: s for s in servers}
+    by_name.update({spec["name"]: by_name[spec["alias_of"]] for spec in specs
+                    if spec.get("alias_of")})
     try:
         start_all(servers, args.startup_timeout)
         for s in servers:
@@ -653,7 +796,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 chosen = [prompts[i] for i in entry["prompts"]]
                 results, wall = _run(server, chosen, entry["concurrency"], args.max_new_tokens)
                 m.update(summarize_measurement(results, wall))
-                print(f"round {entry['round']} {server.name} b={entry['batch']}: "
+                print(f"round {entry['round']} {entry['server']} b={entry['batch']}: "
                       f"{m['tok_s']} tok/s tau={m['tau']} errors={m['errors']}",
                       file=sys.stderr)
             measurements.append(m)

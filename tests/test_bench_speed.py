@@ -130,10 +130,11 @@ def test_same_prompts_per_round_and_batch_across_servers():
         seen.setdefault((entry["round"], entry["batch"]), set()).add(tuple(entry["prompts"]))
         assert entry["concurrency"] == entry["batch"]
     assert all(len(v) == 1 for v in seen.values())
-    assert seen[(0, 1)] == {(0, 1, 2, 3)}  # batch 1: at least 4 requests
+    assert seen[(0, 1)] == {tuple(k % 10 for k in range(64))}  # batch 1: 64 requests
     assert seen[(0, 4)] == {(0, 1, 2, 3, 4, 5, 6, 7)}  # batch 4: 4 x 2 waves
-    assert seen[(1, 4)] == {(8, 9, 0, 1, 2, 3, 4, 5)}  # the next round moves on
-    assert bs.requests_for_batch(1, 6) == 6 and bs.requests_for_batch(16, 2) == 32
+    assert seen[(1, 4)] == seen[(0, 4)] and seen[(1, 1)] == seen[(0, 1)]  # every round alike
+    assert bs.requests_for_batch(1, 6) == 64 and bs.requests_for_batch(16, 2) == 32
+    assert bs.requests_for_batch(1, 2, batch1_requests=8) == 8
 
 
 # ------------------------------------------------------------------ aggregation
@@ -277,7 +278,7 @@ def test_result_json_has_the_required_keys(tmp_path):
         "params": 5, "train": {"final_loss": 1.5}, "reference": {"tau": 2.1}
     }
     table = bs.format_table(data["rows"])
-    assert table.splitlines()[0].split()[:3] == ["drafter", "setting", "b"]
+    assert table.splitlines()[0].split()[:4] == ["backend", "drafter", "setting", "b"]
     assert "missing: spec-4-4-8 (exited(1))" in table
     assert len(table.splitlines()) == 1 + len(data["rows"])
 
@@ -334,6 +335,7 @@ def test_main_with_fake_servers_writes_partial_results(prompts_file, tmp_path, m
         calls.append((server.name, len(prompts), concurrency))
         results = [
             RequestResult(k, True, completion_tokens=max_new_tokens, tpot_s=0.005,
+                          latency_s=max_new_tokens / speed[server.name],
                           acceptance=Acceptance(verify_steps=None if server.name == "nospec"
                                                 else max_new_tokens // 4))
             for k in range(len(prompts))
@@ -359,9 +361,12 @@ def test_main_with_fake_servers_writes_partial_results(prompts_file, tmp_path, m
     assert calls[:2] == [("nospec", 2, 1), ("nospec", 2, 2)]
     timed = calls[2 * 5:]
     assert len(timed) == 2 * 5 * 2  # rounds x ready servers x batches
-    assert ("nospec", 4, 1) in timed and ("spec-3-1-4", 4, 2) in timed
+    assert ("nospec", 64, 1) in timed and ("spec-3-1-4", 4, 2) in timed
     row = _row(data["rows"], bs.MAIN, (3, 1, 4), 1)
     assert row["speedup"] == 2.5 and row["tau"] == 4.0 and row["eta"] == 0.625
+    assert row["speedup_ci95"] == [2.5, 2.5] and row["prompts"] == 64
+    assert row["speedup_ci_method"] == "paired prompts, bootstrap"
+    assert row["backend"] == "triton"
     assert _row(data["rows"], bs.MAIN, (5, 1, 6), 2)["plugin_vs_stock"] == pytest.approx(
         200 / 202, abs=1e-4
     )
@@ -494,3 +499,59 @@ def test_variant_server_runs_the_main_drafter_with_its_env(capsys):
     rows = [r for r in bs.build_rows(agg, specs, [1]) if r["server"] == "spec-5-1-6-splitkv"]
     assert rows[0]["drafter"] == "speculators (plugin) [splitkv]"
     assert rows[0]["speedup"] == 2.5 and rows[0]["eta"] == pytest.approx(0.8333, 1e-3)
+
+
+def test_bootstrap_interval_pairs_prompts_and_brackets_the_ratio():
+    nospec = [1.0, 1.2, 0.9, 1.1, 1.0, 1.05] * 11
+    spec = [0.5, 0.4, 0.45, 0.6, 0.5, 0.55] * 11
+    low, high = bs.bootstrap_ratio_ci(nospec, spec)
+    point = sum(nospec) / sum(spec)
+    assert low < point < high and high - low < 0.3
+    assert bs.bootstrap_ratio_ci([1.0], [0.5]) is None  # one pair: no interval
+    # a prompt failed in any round has no time
+    assert bs.per_prompt_times([[1.0, 2.0, None], [3.0, 4.0, 5.0]]) == [2.0, 3.0, None]
+
+
+def test_larger_batches_pair_rounds():
+    base = {"tok_s_rounds": {0: 100.0, 1: 110.0, 2: 90.0}}
+    run = {"tok_s_rounds": {0: 150.0, 1: 160.0, 2: 140.0}}
+    ci, method = bs.speedup_interval(base, run, 4)
+    assert method == "paired rounds, bootstrap" and ci[0] <= 1.5 <= ci[1]
+
+
+def test_noise_measures_the_no_speculation_server_again_without_a_second_server(prompts_file,
+                                                                                 capsys):
+    assert bs.main(_argv(prompts_file, "--noise", "--dry-run")) == 0
+    dry = json.loads(capsys.readouterr().out)
+    assert [s["name"] for s in dry["servers"]].count("nospec") == 1
+    assert "nospec-again" not in [s["name"] for s in dry["servers"]]
+    assert {e["server"] for e in dry["plan"]} >= {"nospec", "nospec-again"}
+    specs = bs.server_specs([(3, 1, 4)], None, noise=True)
+    agg = {("nospec", 1): {"tok_s": 100.0, "tok_s_rounds": {0: 100.0},
+                           "latency_rounds": [[1.0, 1.1, 0.9]], "tau": None},
+           ("nospec-again", 1): {"tok_s": 101.0, "tok_s_rounds": {0: 101.0},
+                                 "latency_rounds": [[1.0, 1.0, 1.0]], "tau": None}}
+    [noise] = [r for r in bs.build_rows(agg, specs, [1]) if r["drafter"] == bs.NOISE]
+    assert noise["speedup"] == 1.01 and noise["steps"] is None and noise["speedup_ci95"]
+
+
+def test_merge_puts_backends_side_by_side_and_never_overwrites(tmp_path):
+    def run(backend, speedup):
+        row = {"backend": None, "batch": 1, "steps": 3, "topk": 1, "draft_tokens": 4,
+               "drafter": bs.MAIN, "nospec_tok_s": 100.0, "spec_tok_s": 100.0 * speedup,
+               "tau": 3.0, "speedup": speedup, "eta": speedup / 3, "plugin_vs_stock": None,
+               "speedup_ci95": [speedup - 0.1, speedup + 0.1], "spec_tpot_ms": 1.0,
+               "status": "ok"}
+        path = tmp_path / f"{backend}.json"
+        path.write_text(json.dumps({"attention_backend": backend, "batches": [1], "rows": [row],
+                                    "compare_setting": None}))
+        return path
+
+    out = tmp_path / "matrix.json"
+    args = ["merge", str(run("triton", 2.2)), str(run("fa3", 2.6)), "--out-json", str(out)]
+    assert bs.main(args) == 0
+    merged = json.loads(out.read_text())
+    assert [r["backend"] for r in merged["rows"]] == ["triton", "fa3"]
+    assert merged["best"]["backend"] == "fa3" and merged["goals"]["speedup_ge_2_5"] is True
+    assert bs.main(args) == 2  # the output exists: not overwritten
+    assert "fa3" in bs.format_table(merged["rows"])
