@@ -15,7 +15,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 RUNTIME = {
     "sglang_ext",
+    "sglang_ext.acceptance",
+    "sglang_ext.acceptance_prometheus",
     "sglang_ext.compat",
+    "sglang_ext.drafter_health",
     "sglang_ext.fusion",
     "sglang_ext.loading",
     "sglang_ext.metrics",
