@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from sglang_ext.metrics import per_position_from_histogram as _per_position
+from sglang_ext.acceptance import per_position_from_histogram as _per_position
 
 REPORT_SCHEMA = "sglang_ext.bench/1"
 # Below these, speculation is not paying for itself / the drafter is broken.
@@ -39,7 +39,7 @@ def per_position_from_histogram(
     histogram: Sequence[int], num_positions: int | None = None
 ) -> tuple[list[int], list[int]]:
     """accepted_i = steps that accepted more than i drafts; proposed_i = all steps
-    (``sglang_ext.metrics``' definition)."""
+    (``sglang_ext.acceptance``' definition)."""
     return _per_position(histogram, num_positions or 0)
 
 

@@ -1,4 +1,4 @@
-"""Per-request speculative-decoding acceptance metrics for SGLang (plugin side).
+"""Per-request acceptance metrics in SGLang: the TokenizerManager hook, recorder, config, sinks.
 
 Why: a deployment once ran EAGLE-3 at 24.8 tok/s instead of ~90 with an accept length
 of exactly 1.00 and nobody noticed, because only throughput was looked at. This module
@@ -39,31 +39,11 @@ full and its mean accept rate is below a threshold, one WARNING is logged per ep
 (re-armed once the rolling mean is back at or above the threshold) and the Prometheus
 gauge ``sglang:spec_ext_drafter_unhealthy`` is set to 1.
 
-Definitions (pure functions below, unit-tested)
-------------------------------------------------
-Per request, with ``V`` = verify steps (``Req.spec_verify_ct``), ``A`` = accepted draft
-tokens (``Req.spec_num_correct_drafts``, the bonus token excluded), ``D`` = draft tokens
-proposed per verify step:
-
-- accept length = (A + V) / V  (tokens committed per verify step: accepted drafts plus
-  the bonus token). This is ``accept_length`` / ``spec_accept_length_exact``.
-- SGLang's ``meta_info["spec_accept_length"]`` is completion_tokens / V. We report it
-  side by side as ``sglang_accept_length``. It counts the first token, which comes from
-  prefill and not from any verify step, so it is inflated on short requests: a request
-  whose drafter never gets a token accepted and that runs 3 verify steps has 4 completion
-  tokens, so sglang_accept_length = 1.33 although accept_length = 1.00.
-- proposed = V x D with D = ``speculative_num_draft_tokens - 1`` (SGLang's own
-  definition, falling back to ``speculative_num_steps``). For a chain (``topk == 1``)
-  D = ``speculative_num_steps``. For a tree (``topk > 1``) D is the number of non-root
-  tree nodes verified per step, so accept rate = A / (V x D) is relative to the whole
-  tree budget and cannot reach 1.
-- accept rate = A / proposed.
-- per-position acceptance (S = ``speculative_num_steps`` positions): a verify step that
-  accepted ``a`` drafts counts positions 0..a-1 as accepted and all S positions as
-  proposed. Position ``i`` acceptance = accepted_i / proposed_i = P(a > i). For a chain
-  this is the chance that draft token ``i`` is accepted (conditional on nothing: the
-  curve is cumulative and non-increasing). For a tree, position ``i`` means depth
-  ``i + 1`` of the accepted path.
+The arithmetic and the record are in :mod:`sglang_ext.acceptance` (definitions there), the
+alarm in :mod:`sglang_ext.drafter_health`, the Prometheus metrics in
+:mod:`sglang_ext.acceptance_prometheus`. This module is the SGLang side: the hook, the
+per-process recorder, its configuration and the JSONL sink. Every name of those modules
+stays importable from here.
 
 Where the numbers come from (no extra work per verify step)
 -----------------------------------------------------------
@@ -104,14 +84,45 @@ import logging
 import os
 import threading
 import time
-from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
+from sglang_ext.acceptance import LOG_PREFIX as LOG_PREFIX
+from sglang_ext.acceptance import RECORD_SCHEMA as RECORD_SCHEMA
+from sglang_ext.acceptance import accept_length as accept_length
+from sglang_ext.acceptance import accept_rate as accept_rate
+from sglang_ext.acceptance import build_record as build_record
+from sglang_ext.acceptance import draft_tokens_per_step as draft_tokens_per_step
+from sglang_ext.acceptance import format_log_line as format_log_line
+from sglang_ext.acceptance import histogram_from_steps as histogram_from_steps
+from sglang_ext.acceptance import meta_info_extras as meta_info_extras
+from sglang_ext.acceptance import parse_log_line as parse_log_line
+from sglang_ext.acceptance import per_position_from_histogram as per_position_from_histogram
+from sglang_ext.acceptance import per_position_from_steps as per_position_from_steps
+from sglang_ext.acceptance import pooled_per_position as pooled_per_position
+from sglang_ext.acceptance import proposed_draft_tokens as proposed_draft_tokens
+from sglang_ext.acceptance import rates as rates
+from sglang_ext.acceptance import sglang_accept_length as sglang_accept_length
+from sglang_ext.acceptance import sglang_aggregate as sglang_aggregate
+from sglang_ext.acceptance_prometheus import ACCEPT_LENGTH_BUCKETS as ACCEPT_LENGTH_BUCKETS
+from sglang_ext.acceptance_prometheus import ACCEPT_RATE_BUCKETS as ACCEPT_RATE_BUCKETS
+from sglang_ext.acceptance_prometheus import METRIC_ACCEPT_LENGTH as METRIC_ACCEPT_LENGTH
+from sglang_ext.acceptance_prometheus import METRIC_ACCEPT_RATE as METRIC_ACCEPT_RATE
+from sglang_ext.acceptance_prometheus import METRIC_ACCEPTED as METRIC_ACCEPTED
+from sglang_ext.acceptance_prometheus import METRIC_PROPOSED as METRIC_PROPOSED
+from sglang_ext.acceptance_prometheus import METRIC_ROLLING_RATE as METRIC_ROLLING_RATE
+from sglang_ext.acceptance_prometheus import METRIC_UNHEALTHY as METRIC_UNHEALTHY
+from sglang_ext.acceptance_prometheus import AcceptanceMetrics as AcceptanceMetrics
+from sglang_ext.drafter_health import DEFAULT_ALARM_ACCEPT_RATE as DEFAULT_ALARM_ACCEPT_RATE
+from sglang_ext.drafter_health import DEFAULT_ALARM_MIN_TOKENS as DEFAULT_ALARM_MIN_TOKENS
+from sglang_ext.drafter_health import DEFAULT_ALARM_WINDOW as DEFAULT_ALARM_WINDOW
+from sglang_ext.drafter_health import LIKELY_CAUSES as LIKELY_CAUSES
+from sglang_ext.drafter_health import AlarmEvent as AlarmEvent
+from sglang_ext.drafter_health import DrafterHealthAlarm as DrafterHealthAlarm
+from sglang_ext.drafter_health import alarm_warning_message as alarm_warning_message
+
 LOGGER_NAME = "sglang.srt.sglang_ext.acceptance"
-LOG_PREFIX = "sglang_ext.acceptance"
-RECORD_SCHEMA = 1
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -127,276 +138,10 @@ ENV_ALARM_WINDOW = "SGLANG_EXT_ALARM_WINDOW"
 ENV_ALARM_MIN_TOKENS = "SGLANG_EXT_ALARM_MIN_TOKENS"
 ENV_ALARM_ACCEPT_RATE = "SGLANG_EXT_ALARM_ACCEPT_RATE"
 
-DEFAULT_ALARM_WINDOW = 20
-DEFAULT_ALARM_MIN_TOKENS = 32
-DEFAULT_ALARM_ACCEPT_RATE = 0.05
-
-LIKELY_CAUSES = (
-    "drafter weights not loaded (randomly initialised drafter; check the load report "
-    "for missing/unexpected keys)",
-    "auxiliary hidden states not captured from the target, or the drafter's fusion (fc) "
-    "layer skipped",
-    "auxiliary layer ids off by one (speculators vs SGLang layer indexing)",
-    "drafter trained for another target model (different model, revision, tokenizer or "
-    "chat template)",
-)
-
 
 # --------------------------------------------------------------------------------------
-# Pure arithmetic
+# JSONL sink
 # --------------------------------------------------------------------------------------
-
-
-def accept_length(accepted_draft_tokens: int, verify_steps: int) -> float | None:
-    """Exact accept length: (accepted drafts + verify steps) / verify steps.
-
-    Each verify step commits the drafts it accepted plus one bonus token from the target.
-    Returns None when there was no verify step.
-    """
-    if verify_steps <= 0:
-        return None
-    return (accepted_draft_tokens + verify_steps) / verify_steps
-
-
-def sglang_accept_length(completion_tokens: int, verify_steps: int) -> float | None:
-    """SGLang's per-request ``spec_accept_length``: completion_tokens / verify steps.
-
-    Includes the first completion token, which the prefill produced, so it overstates
-    the accept length by 1/verify_steps (more on short requests).
-    """
-    if verify_steps <= 0:
-        return None
-    return completion_tokens / verify_steps
-
-
-def draft_tokens_per_step(num_draft_tokens: int | None, num_steps: int | None) -> int:
-    """Draft tokens proposed (and verified) per verify step, SGLang's definition.
-
-    ``speculative_num_draft_tokens - 1`` (the root of the verify tree is the last
-    committed token, not a draft), else ``speculative_num_steps``, else 0.
-    """
-    if num_draft_tokens:
-        return max(int(num_draft_tokens) - 1, 0)
-    if num_steps:
-        return int(num_steps)
-    return 0
-
-
-def proposed_draft_tokens(verify_steps: int, per_step: int) -> int:
-    """Draft tokens proposed over a request: verify steps x draft tokens per step."""
-    return verify_steps * per_step
-
-
-def accept_rate(accepted_draft_tokens: int, proposed: int) -> float | None:
-    """Accepted draft tokens / proposed draft tokens (None if nothing was proposed)."""
-    if proposed <= 0:
-        return None
-    return accepted_draft_tokens / proposed
-
-
-def histogram_from_steps(accepted_per_step: Iterable[int]) -> list[int]:
-    """Histogram of accepted drafts per verify step, same layout as SGLang's
-    ``Req.spec_correct_drafts_histogram``: ``hist[a]`` = steps that accepted ``a`` drafts."""
-    hist: list[int] = []
-    for a in accepted_per_step:
-        a = int(a)
-        if a < 0:
-            raise ValueError(f"negative accepted count {a}")
-        if len(hist) <= a:
-            hist.extend([0] * (a + 1 - len(hist)))
-        hist[a] += 1
-    return hist
-
-
-def per_position_from_steps(
-    accepted_per_step: Iterable[int], num_positions: int
-) -> tuple[list[int], list[int]]:
-    """Per-position (accepted, proposed) counts straight from the per-step definition.
-
-    A verify step that accepted ``a`` drafts counts positions 0..a-1 accepted and all
-    ``num_positions`` positions proposed.
-    """
-    accepted = [0] * num_positions
-    proposed = [0] * num_positions
-    for a in accepted_per_step:
-        a = int(a)
-        if a > num_positions:
-            raise ValueError(f"step accepted {a} drafts but only {num_positions} positions")
-        for pos in range(num_positions):
-            proposed[pos] += 1
-            if pos < a:
-                accepted[pos] += 1
-    return accepted, proposed
-
-
-def per_position_from_histogram(
-    histogram: Sequence[int], num_positions: int
-) -> tuple[list[int], list[int]]:
-    """Per-position (accepted, proposed) counts from an accepted-drafts histogram.
-
-    accepted_i = sum(hist[a] for a > i); proposed_i = sum(hist) (= verify steps). Exactly
-    equal to :func:`per_position_from_steps` on the steps the histogram summarises.
-    ``num_positions`` is widened if the histogram has longer runs (defensive).
-    """
-    num_positions = max(num_positions, len(histogram) - 1, 0)
-    steps = sum(int(c) for c in histogram)
-    accepted = [0] * num_positions
-    # Suffix sums: running = number of steps that accepted more than ``pos`` drafts.
-    running = 0
-    for pos in range(num_positions - 1, -1, -1):
-        if pos + 1 < len(histogram):
-            running += int(histogram[pos + 1])
-        accepted[pos] = running
-    return accepted, [steps] * num_positions
-
-
-def rates(accepted: Sequence[int], proposed: Sequence[int]) -> list[float | None]:
-    """Element-wise accepted / proposed (None where nothing was proposed)."""
-    return [(a / p if p > 0 else None) for a, p in zip(accepted, proposed, strict=True)]
-
-
-def sglang_aggregate(
-    records: Iterable[Mapping[str, Any]], num_draft_tokens: int | None, num_steps: int | None
-) -> dict[str, float | int | None]:
-    """The aggregate SGLang's scheduler logs ("accept len", "accept rate") over the same
-    verify steps, from per-request counts.
-
-    SGLang's ``SchedulerMetricsReporter.update_spec_metrics`` adds, per decode batch,
-    ``bs`` to ``spec_num_forward_ct`` and (accepted drafts + bs) to
-    ``spec_num_accept_tokens``; the decode log computes accept len =
-    spec_num_accept_tokens / spec_num_forward_ct and accept rate = accepted drafts /
-    (spec_num_forward_ct x (speculative_num_draft_tokens - 1)). Summed over batches, bs
-    is the number of verify steps, so over requests this is
-    sum(A + V) / sum(V) and sum(A) / (sum(V) x D).
-    """
-    forward_ct = 0
-    accepted = 0
-    for r in records:
-        forward_ct += int(r["verify_steps"])
-        accepted += int(r["accepted_draft_tokens"])
-    per_step = draft_tokens_per_step(num_draft_tokens, num_steps)
-    total_draft = forward_ct * per_step
-    return {
-        "spec_num_forward_ct": forward_ct,
-        "spec_num_accept_tokens": accepted + forward_ct,
-        "spec_num_correct_drafts": accepted,
-        "accept_length": (accepted + forward_ct) / forward_ct if forward_ct else None,
-        "accept_rate": accepted / total_draft if total_draft else None,
-    }
-
-
-def pooled_per_position(records: Iterable[Mapping[str, Any]]) -> list[float | None]:
-    """Per-position acceptance pooled over requests (sum of counts, then divide)."""
-    acc: list[int] = []
-    prop: list[int] = []
-    for r in records:
-        a = r.get("accepted_per_position")
-        p = r.get("proposed_per_position")
-        if a is None or p is None:
-            continue
-        if len(acc) < len(a):
-            acc.extend([0] * (len(a) - len(acc)))
-            prop.extend([0] * (len(a) - len(prop)))
-        for k, (x, y) in enumerate(zip(a, p, strict=True)):
-            acc[k] += int(x)
-            prop[k] += int(y)
-    return rates(acc, prop)
-
-
-# --------------------------------------------------------------------------------------
-# Per-request record, log line, JSONL sink
-# --------------------------------------------------------------------------------------
-
-
-def _round(x: float | None, nd: int = 4) -> float | None:
-    return None if x is None else round(x, nd)
-
-
-def build_record(
-    *,
-    rid: str,
-    prompt_tokens: int | None,
-    completion_tokens: int,
-    verify_steps: int,
-    accepted_draft_tokens: int,
-    histogram: Sequence[int] | None,
-    num_draft_tokens: int | None,
-    num_steps: int | None,
-    topk: int | None = None,
-    drafter: str | None = None,
-    algorithm: str | None = None,
-    finish_reason: str | None = None,
-) -> dict[str, Any]:
-    """Assemble the per-request acceptance record (what is logged / written / exported).
-
-    Raises ValueError on counts that contradict each other (histogram total != verify
-    steps, or histogram mass != accepted drafts), which would mean SGLang's counters
-    changed meaning.
-    """
-    if verify_steps <= 0:
-        raise ValueError("a speculative record needs at least one verify step")
-    per_step = draft_tokens_per_step(num_draft_tokens, num_steps)
-    proposed = proposed_draft_tokens(verify_steps, per_step)
-    num_positions = int(num_steps) if num_steps else per_step
-    accepted_pp: list[int] | None = None
-    proposed_pp: list[int] | None = None
-    if histogram:
-        if sum(histogram) != verify_steps:
-            raise ValueError(f"histogram total {sum(histogram)} != verify steps {verify_steps}")
-        mass = sum(a * c for a, c in enumerate(histogram))
-        if mass != accepted_draft_tokens:
-            raise ValueError(f"histogram mass {mass} != accepted drafts {accepted_draft_tokens}")
-        accepted_pp, proposed_pp = per_position_from_histogram(histogram, num_positions)
-    return {
-        "schema": RECORD_SCHEMA,
-        "rid": rid,
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "verify_steps": verify_steps,
-        "draft_tokens_per_step": per_step,
-        "proposed_draft_tokens": proposed,
-        "accepted_draft_tokens": accepted_draft_tokens,
-        "accept_length": _round(accept_length(accepted_draft_tokens, verify_steps)),
-        "sglang_accept_length": _round(sglang_accept_length(completion_tokens, verify_steps)),
-        "accept_rate": _round(accept_rate(accepted_draft_tokens, proposed)),
-        "accept_per_position": (
-            [_round(x) for x in rates(accepted_pp, proposed_pp)] if accepted_pp else None
-        ),
-        "accepted_per_position": accepted_pp,
-        "proposed_per_position": proposed_pp,
-        "topk": topk,
-        "algorithm": algorithm,
-        "drafter": drafter,
-        "finish_reason": finish_reason,
-    }
-
-
-def format_log_line(record: Mapping[str, Any]) -> str:
-    """``sglang_ext.acceptance {json}`` (compact JSON, one line)."""
-    return LOG_PREFIX + " " + json.dumps(record, separators=(",", ":"), ensure_ascii=False)
-
-
-def parse_log_line(line: str) -> dict[str, Any]:
-    """Inverse of :func:`format_log_line`; tolerates any prefix (timestamps etc.)."""
-    marker = LOG_PREFIX + " {"
-    pos = line.find(marker)
-    if pos < 0:
-        raise ValueError(f"not a {LOG_PREFIX} line: {line[:80]!r}")
-    return json.loads(line[pos + len(LOG_PREFIX) + 1 :])
-
-
-def meta_info_extras(record: Mapping[str, Any]) -> dict[str, Any]:
-    """The keys added to the response meta_info (SGLang's own keys stay as they are)."""
-    out: dict[str, Any] = {
-        "spec_accept_length_exact": record["accept_length"],
-        "spec_accepted_draft_tokens": record["accepted_draft_tokens"],
-        "spec_proposed_draft_tokens": record["proposed_draft_tokens"],
-    }
-    if record.get("accept_per_position") is not None:
-        out["spec_accept_per_position"] = record["accept_per_position"]
-        out["spec_accepted_per_position"] = record["accepted_per_position"]
-        out["spec_proposed_per_position"] = record["proposed_per_position"]
-    return out
 
 
 class JsonlSink:
@@ -482,201 +227,6 @@ class MetricsConfig:
             alarm_min_tokens=_int(ENV_ALARM_MIN_TOKENS, DEFAULT_ALARM_MIN_TOKENS, 0),
             alarm_accept_rate=rate,
         )
-
-
-# --------------------------------------------------------------------------------------
-# Drafter-health alarm (state machine)
-# --------------------------------------------------------------------------------------
-
-
-@dataclass
-class AlarmEvent:
-    kind: str  # "unhealthy" or "recovered"
-    rolling_accept_rate: float
-    window: int
-
-
-@dataclass
-class DrafterHealthAlarm:
-    """Rolling mean of per-request accept rates over the last ``window`` eligible
-    requests (>= ``min_tokens`` completion tokens). Fires once when a full window's mean
-    drops below ``threshold``; re-arms when the mean is back at or above it."""
-
-    window: int = DEFAULT_ALARM_WINDOW
-    min_tokens: int = DEFAULT_ALARM_MIN_TOKENS
-    threshold: float = DEFAULT_ALARM_ACCEPT_RATE
-    _rates: deque = field(init=False, repr=False)
-    unhealthy: bool = field(init=False, default=False)
-    episodes: int = field(init=False, default=0)
-
-    def __post_init__(self) -> None:
-        if self.window < 1:
-            raise ValueError("window must be >= 1")
-        self._rates = deque(maxlen=self.window)
-
-    @property
-    def window_full(self) -> bool:
-        return len(self._rates) == self.window
-
-    @property
-    def rolling_accept_rate(self) -> float | None:
-        if not self._rates:
-            return None
-        # Recompute instead of trusting a running float sum (no drift, window is small).
-        return sum(self._rates) / len(self._rates)
-
-    def eligible(self, completion_tokens: int) -> bool:
-        return completion_tokens >= self.min_tokens
-
-    def observe(self, accept_rate_value: float | None, completion_tokens: int) -> AlarmEvent | None:
-        """Feed one finished speculative request; returns an event on a state change."""
-        if accept_rate_value is None or not self.eligible(completion_tokens):
-            return None
-        self._rates.append(float(accept_rate_value))
-        if not self.window_full:
-            return None
-        mean = self.rolling_accept_rate
-        assert mean is not None
-        if not self.unhealthy and mean < self.threshold:
-            self.unhealthy = True
-            self.episodes += 1
-            return AlarmEvent("unhealthy", mean, len(self._rates))
-        if self.unhealthy and mean >= self.threshold:
-            self.unhealthy = False
-            return AlarmEvent("recovered", mean, len(self._rates))
-        return None
-
-
-def alarm_warning_message(
-    event: AlarmEvent, threshold: float, min_tokens: int, drafter: str | None
-) -> str:
-    causes = "; ".join(f"({k}) {c}" for k, c in enumerate(LIKELY_CAUSES, 1))
-    return (
-        f"sglang_ext: SPECULATIVE DRAFTER LOOKS BROKEN: mean accept rate "
-        f"{event.rolling_accept_rate:.4f} over the last {event.window} finished speculative "
-        f"requests with >= {min_tokens} completion tokens (threshold {threshold}); accept "
-        f"length is ~1.0, so speculation only adds overhead. drafter={drafter!s}. "
-        f"Likely causes: {causes}."
-    )
-
-
-# --------------------------------------------------------------------------------------
-# Prometheus
-# --------------------------------------------------------------------------------------
-
-ACCEPT_LENGTH_BUCKETS = (
-    1.0, 1.1, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 2.75, 3.0, 3.5, 4.0, 4.5, 5.0, 6.0, 7.0, 8.0,
-    10.0, 12.0, 16.0,
-)  # fmt: skip
-ACCEPT_RATE_BUCKETS = (
-    0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0,
-)  # fmt: skip
-
-METRIC_ACCEPT_LENGTH = "sglang:spec_ext_accept_length"
-METRIC_ACCEPT_RATE = "sglang:spec_ext_accept_rate"
-METRIC_PROPOSED = "sglang:spec_ext_proposed_draft_tokens_total"
-METRIC_ACCEPTED = "sglang:spec_ext_accepted_draft_tokens_total"
-METRIC_UNHEALTHY = "sglang:spec_ext_drafter_unhealthy"
-METRIC_ROLLING_RATE = "sglang:spec_ext_rolling_accept_rate"
-
-
-class AcceptanceMetrics:
-    """Prometheus metrics, labelled with SGLang's tokenizer label set.
-
-    - ``sglang:spec_ext_accept_length`` histogram, one observation per finished
-      speculative request (exact accept length, (A+V)/V)
-    - ``sglang:spec_ext_accept_rate`` histogram, per request
-    - ``sglang:spec_ext_proposed_draft_tokens_total`` / ``..._accepted_draft_tokens_total``
-      counters with an extra ``position`` label ("0".."S-1")
-    - ``sglang:spec_ext_drafter_unhealthy`` gauge 0/1 (multiprocess mode ``max``)
-    - ``sglang:spec_ext_rolling_accept_rate`` gauge (multiprocess mode ``mostrecent``)
-
-    ``registry=None`` uses prometheus_client's default registry (what SGLang's collectors
-    use; in multiprocess mode the values go to ``PROMETHEUS_MULTIPROC_DIR``). Tests pass a
-    fresh ``CollectorRegistry``.
-    """
-
-    def __init__(self, labelnames: Sequence[str], registry: Any = None):
-        # Imported here, never at module import: prometheus_client picks its value class
-        # (multiprocess or not) at import time from PROMETHEUS_MULTIPROC_DIR.
-        from prometheus_client import REGISTRY, Counter, Gauge, Histogram
-
-        reg = REGISTRY if registry is None else registry
-        self.labelnames = tuple(labelnames)
-        if "position" in self.labelnames:
-            raise ValueError("label 'position' is reserved for the per-position counters")
-        names = list(self.labelnames)
-        self.accept_length = Histogram(
-            METRIC_ACCEPT_LENGTH,
-            "Per-request speculative accept length: (accepted drafts + verify steps) / "
-            "verify steps (sglang_ext).",
-            labelnames=names,
-            buckets=ACCEPT_LENGTH_BUCKETS,
-            registry=reg,
-        )
-        self.accept_rate = Histogram(
-            METRIC_ACCEPT_RATE,
-            "Per-request speculative accept rate: accepted / proposed draft tokens (sglang_ext).",
-            labelnames=names,
-            buckets=ACCEPT_RATE_BUCKETS,
-            registry=reg,
-        )
-        self.proposed = Counter(
-            METRIC_PROPOSED,
-            "Draft tokens proposed at each draft position (sglang_ext).",
-            labelnames=[*names, "position"],
-            registry=reg,
-        )
-        self.accepted = Counter(
-            METRIC_ACCEPTED,
-            "Draft tokens accepted at each draft position (sglang_ext).",
-            labelnames=[*names, "position"],
-            registry=reg,
-        )
-        self.unhealthy = Gauge(
-            METRIC_UNHEALTHY,
-            "1 while the rolling mean accept rate of the drafter is below the alarm "
-            "threshold (sglang_ext).",
-            labelnames=names,
-            multiprocess_mode="max",
-            registry=reg,
-        )
-        self.rolling_accept_rate = Gauge(
-            METRIC_ROLLING_RATE,
-            "Rolling mean per-request accept rate used by the drafter-health alarm (sglang_ext).",
-            labelnames=names,
-            multiprocess_mode="mostrecent",
-            registry=reg,
-        )
-
-    def _labels(self, labels: Mapping[str, str]) -> dict[str, str]:
-        return {k: str(labels.get(k, "")) for k in self.labelnames}
-
-    def observe(self, record: Mapping[str, Any], labels: Mapping[str, str]) -> None:
-        lab = self._labels(labels)
-        if record.get("accept_length") is not None:
-            self.accept_length.labels(**lab).observe(record["accept_length"])
-        if record.get("accept_rate") is not None:
-            self.accept_rate.labels(**lab).observe(record["accept_rate"])
-        acc = record.get("accepted_per_position")
-        prop = record.get("proposed_per_position")
-        if acc is not None and prop is not None:
-            for pos, (a, p) in enumerate(zip(acc, prop, strict=True)):
-                if p:
-                    self.proposed.labels(**lab, position=str(pos)).inc(p)
-                if a:
-                    self.accepted.labels(**lab, position=str(pos)).inc(a)
-                elif p:
-                    # Make the zero visible (a position that never accepts is the signal).
-                    self.accepted.labels(**lab, position=str(pos))
-
-    def set_health(
-        self, labels: Mapping[str, str], unhealthy: bool, rolling_rate: float | None
-    ) -> None:
-        lab = self._labels(labels)
-        self.unhealthy.labels(**lab).set(1 if unhealthy else 0)
-        if rolling_rate is not None:
-            self.rolling_accept_rate.labels(**lab).set(rolling_rate)
 
 
 # --------------------------------------------------------------------------------------

@@ -15,7 +15,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 RUNTIME = {
     "sglang_ext",
+    "sglang_ext.acceptance",
+    "sglang_ext.acceptance_prometheus",
     "sglang_ext.compat",
+    "sglang_ext.drafter_health",
     "sglang_ext.fusion",
     "sglang_ext.loading",
     "sglang_ext.metrics",
@@ -91,3 +94,14 @@ def test_the_checker_sees_lazy_and_relative_imports(tmp_path):
     src.write_text("def f():\n    from .. import reference\n    import sglang_ext_tools.widen\n")
     names = imported("sglang_ext.sub.m", src)
     assert {"sglang_ext.reference", "sglang_ext_tools.widen"} <= names
+
+
+@pytest.mark.parametrize(
+    "module",
+    ["sglang_ext.acceptance", "sglang_ext.acceptance_prometheus", "sglang_ext.drafter_health"],
+)
+def test_acceptance_leaves_import_neither_the_package_nor_sglang(module):
+    """metrics (the SGLang hook) imports these; they import nothing back, nor SGLang."""
+    names = imported(module, _modules("sglang_ext")[module])
+    bad = {n for n in names if n.split(".")[0] in ("sglang_ext", "sglang", "torch")}
+    assert not bad, f"{module} imports {sorted(bad)}"
