@@ -26,7 +26,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from sglang_ext.speculators_format import DrafterSpec, KeyRule, route
+from sglang_ext.drafter_spec import DrafterSpec
+from sglang_ext.key_table import KeyRule, route
 
 FLOAT_DTYPES = frozenset({"F32", "F16", "BF16"})
 INTEGER_DTYPES = frozenset({"I64", "I32"})
@@ -43,7 +44,7 @@ DTYPE_BYTES = {
 }
 
 # Checkpoint tensors we read but do not load into a parameter, with the reason. Anything not
-# routed by speculators_format.KEY_TABLE and not listed here is "unexpected" (an error).
+# routed by key_table.KEY_TABLE and not listed here is "unexpected" (an error).
 IGNORED_TENSORS: dict[str, str] = {
     "t2d": "target->draft vocab mask; SGLang maps draft ids with d2t (checked against t2d by "
     "plan_from_checkpoint)",

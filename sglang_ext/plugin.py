@@ -103,7 +103,8 @@ def _translated(path: str, mtime: float):
 
 
 def get_config_hook(original, model, *args, **kwargs):
-    from sglang_ext.speculators_format import config_path, is_speculators_dir
+    from sglang_ext.model_paths import config_path
+    from sglang_ext.speculators_format import is_speculators_dir
 
     if isinstance(model, (str, os.PathLike)) and is_speculators_dir(model):
         config = _translated(str(model), config_path(model).stat().st_mtime)

@@ -15,13 +15,18 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 RUNTIME = {
     "sglang_ext",
+    "sglang_ext.aux_capture",
     "sglang_ext.compat",
+    "sglang_ext.config_fields",
+    "sglang_ext.drafter_spec",
     "sglang_ext.fusion",
+    "sglang_ext.key_table",
     "sglang_ext.loading",
     "sglang_ext.metrics",
     "sglang_ext.models",
     "sglang_ext.models.kimi_k25_eagle3",
     "sglang_ext.models.llama_eagle3",
+    "sglang_ext.model_paths",
     "sglang_ext.plugin",
     "sglang_ext.speculators_format",
     "sglang_ext.tokenizer_worker_app",
