@@ -19,15 +19,10 @@ from typing import Any
 
 from sglang_ext import __version__
 from sglang_ext.aux_capture import TargetInfo, capture_rule_for, sglang_ids_for_capture
+from sglang_ext.checkpoint_files import DrafterLoadError, read_checkpoint
 from sglang_ext.config_fields import DrafterConfigError
 from sglang_ext.drafter_spec import DrafterSpec
-from sglang_ext.loading import (
-    DrafterLoadError,
-    LoadReport,
-    expected_parameters,
-    plan_from_checkpoint,
-    read_checkpoint,
-)
+from sglang_ext.loading import LoadReport, expected_parameters, plan_from_checkpoint
 from sglang_ext.speculators_format import load_drafter_spec, sglang_config_dict
 
 STOCK_UNRECOGNIZED = (

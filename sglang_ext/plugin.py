@@ -92,7 +92,8 @@ def config_hook_target() -> str:
 
 @lru_cache(maxsize=16)
 def _translated(path: str, mtime: float):
-    from sglang_ext.loading import plan_from_checkpoint, read_checkpoint
+    from sglang_ext.checkpoint_files import read_checkpoint
+    from sglang_ext.loading import plan_from_checkpoint
     from sglang_ext.speculators_format import load_drafter_spec, to_sglang_config
 
     spec = load_drafter_spec(path)  # spec.source: the local directory (Hub ids resolved)

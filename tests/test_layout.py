@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RUNTIME = {
     "sglang_ext",
     "sglang_ext.aux_capture",
+    "sglang_ext.checkpoint_files",
     "sglang_ext.compat",
     "sglang_ext.config_fields",
     "sglang_ext.drafter_spec",
