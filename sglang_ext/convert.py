@@ -20,17 +20,13 @@ import sys
 import uuid
 from pathlib import Path
 
+from sglang_ext.aux_capture import TargetInfo, capture_rule_for, sglang_ids_for_capture
+from sglang_ext.checkpoint_files import DrafterLoadError, read_checkpoint, weight_files
+from sglang_ext.config_fields import DrafterConfigError
 from sglang_ext.doctor import math_stock_lacks
-from sglang_ext.loading import DrafterLoadError, plan_from_checkpoint, read_checkpoint, weight_files
-from sglang_ext.speculators_format import (
-    _LAYER_KEYS_HIDDEN_FROM_SGLANG,
-    DrafterConfigError,
-    TargetInfo,
-    capture_rule_for,
-    load_drafter_spec,
-    route,
-    sglang_ids_for_capture,
-)
+from sglang_ext.key_table import route
+from sglang_ext.loading import plan_from_checkpoint
+from sglang_ext.speculators_format import _LAYER_KEYS_HIDDEN_FROM_SGLANG, load_drafter_spec
 
 
 class ConversionRefused(RuntimeError):

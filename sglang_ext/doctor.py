@@ -2,7 +2,7 @@
 
 No GPU, no server, no SGLang import: reads config.json as data and safetensors headers, and
 runs the same LoadPlan the server's load_weights runs (``sglang_ext.loading``), the same
-capture planning the startup hook runs (``sglang_ext.speculators_format``), and predicts what
+capture planning the startup hook runs (``sglang_ext.aux_capture``), and predicts what
 stock SGLang (no plugin) would do with the same directory.
 
 JSON schema (top-level keys): see README "doctor JSON".
@@ -18,22 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from sglang_ext import __version__
-from sglang_ext.loading import (
-    DrafterLoadError,
-    LoadReport,
-    expected_parameters,
-    plan_from_checkpoint,
-    read_checkpoint,
-)
-from sglang_ext.speculators_format import (
-    DrafterConfigError,
-    DrafterSpec,
-    TargetInfo,
-    capture_rule_for,
-    load_drafter_spec,
-    sglang_config_dict,
-    sglang_ids_for_capture,
-)
+from sglang_ext.aux_capture import TargetInfo, capture_rule_for, sglang_ids_for_capture
+from sglang_ext.checkpoint_files import DrafterLoadError, read_checkpoint
+from sglang_ext.config_fields import DrafterConfigError
+from sglang_ext.drafter_spec import DrafterSpec
+from sglang_ext.loading import LoadReport, expected_parameters, plan_from_checkpoint
+from sglang_ext.speculators_format import load_drafter_spec, sglang_config_dict
 
 STOCK_UNRECOGNIZED = (
     "ValueError: Unrecognized model in {path}. Should have a `model_type` key in its config.json"

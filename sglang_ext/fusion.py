@@ -22,14 +22,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from sglang_ext.speculators_format import (
-    DrafterConfigError,
-    DrafterSpec,
+from sglang_ext.aux_capture import (
     TargetInfo,
     check_capture,
     class_captures_final_state,
     installed_sglang_version,
 )
+from sglang_ext.config_fields import DrafterConfigError
+from sglang_ext.drafter_spec import DrafterSpec
 
 logger = logging.getLogger(__name__)
 

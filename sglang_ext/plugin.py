@@ -92,7 +92,8 @@ def config_hook_target() -> str:
 
 @lru_cache(maxsize=16)
 def _translated(path: str, mtime: float):
-    from sglang_ext.loading import plan_from_checkpoint, read_checkpoint
+    from sglang_ext.checkpoint_files import read_checkpoint
+    from sglang_ext.loading import plan_from_checkpoint
     from sglang_ext.speculators_format import load_drafter_spec, to_sglang_config
 
     spec = load_drafter_spec(path)  # spec.source: the local directory (Hub ids resolved)
@@ -103,7 +104,8 @@ def _translated(path: str, mtime: float):
 
 
 def get_config_hook(original, model, *args, **kwargs):
-    from sglang_ext.speculators_format import config_path, is_speculators_dir
+    from sglang_ext.model_paths import config_path
+    from sglang_ext.speculators_format import is_speculators_dir
 
     if isinstance(model, (str, os.PathLike)) and is_speculators_dir(model):
         config = _translated(str(model), config_path(model).stat().st_mtime)

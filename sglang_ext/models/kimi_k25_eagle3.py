@@ -6,7 +6,7 @@ what differs:
 - ``Eagle3MLAModel.forward``: fusion decided by the forward mode (``sglang_ext.fusion``),
   applied by re-classing the module SGLang built, as in ``sglang_ext.models.llama_eagle3``;
 - ``load_weights``: the same LoadPlan as the llama drafter (``sglang_ext.loading``, key table
-  ``speculators_format.MLA_KEY_TABLE``) instead of SGLang's loop, which skips unknown names with
+  ``key_table.MLA_KEY_TABLE``) instead of SGLang's loop, which skips unknown names with
   a log line and never checks for missing ones; SGLang's ``post_load_weights`` (kv_b_proj split
   into MLA's w_kc / w_vc) still runs after it.
 """

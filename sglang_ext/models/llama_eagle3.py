@@ -30,9 +30,12 @@ from sglang.srt.models import llama_eagle3 as upstream
 from sglang.srt.models.llama import LlamaAttention
 
 from sglang_ext import compat
+from sglang_ext.checkpoint_files import DrafterLoadError, torch_dtype_name
+from sglang_ext.config_fields import DrafterConfigError
+from sglang_ext.drafter_spec import DrafterSpec
 from sglang_ext.fusion import FusionPolicy, check_algorithm
-from sglang_ext.loading import DrafterLoadError, LoadPlan, LoadReport, torch_dtype_name
-from sglang_ext.speculators_format import DrafterConfigError, DrafterSpec, drafter_spec_for
+from sglang_ext.loading import LoadPlan, LoadReport
+from sglang_ext.speculators_format import drafter_spec_for
 
 logger = logging.getLogger(__name__)
 

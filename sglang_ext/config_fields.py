@@ -1,0 +1,77 @@
+"""Reading a config.json as data: the JSON object, and typed fields whose errors name the file.
+
+The drafter's config (speculators_format) and the target's (aux_capture.TargetInfo) are read
+through these, so a wrong field is one sentence naming the file, the field, what was expected
+and what was found. Nothing here imports SGLang or torch.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+
+class DrafterConfigError(ValueError):
+    """A drafter or target config that cannot be served; the message says where and why."""
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """Parse a JSON file as data, with an error that names the file."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError as exc:
+        raise DrafterConfigError(f"{path}: file not found") from exc
+    except OSError as exc:
+        raise DrafterConfigError(f"{path}: cannot read ({exc.strerror or exc})") from exc
+    except UnicodeDecodeError as exc:
+        raise DrafterConfigError(
+            f"{path}: not a JSON text file ({exc}); expected a model directory or its config.json"
+        ) from exc
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DrafterConfigError(f"{path}: not valid JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise DrafterConfigError(f"{path}: expected a JSON object, found {type(data).__name__}")
+    return data
+
+
+def require_field(config: Mapping[str, Any], key: str, kind: type | tuple, where: str) -> Any:
+    if key not in config or config[key] is None:
+        raise DrafterConfigError(f"{where}: required field '{key}' is missing")
+    value = config[key]
+    if isinstance(value, bool) and kind in (int, float):
+        raise DrafterConfigError(f"{where}: field '{key}' must be {kind.__name__}, found {value!r}")
+    if not isinstance(value, kind):
+        names = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
+        raise DrafterConfigError(
+            f"{where}: field '{key}' must be {names}, found {type(value).__name__} {value!r}"
+        )
+    return value
+
+
+def optional_field(config: Mapping[str, Any], key: str, kind: type | tuple, where: str) -> Any:
+    """An optional field: None when absent or null, else type-checked like `require_field`."""
+    return None if config.get(key) is None else require_field(config, key, kind, where)
+
+
+def architectures_field(config: Mapping[str, Any], where: str) -> list[str] | None:
+    archs = config.get("architectures")
+    if archs is None:
+        return None
+    if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+        raise DrafterConfigError(
+            f"{where}: field 'architectures' must be a list of class names, found {archs!r}"
+        )
+    return archs or None
+
+
+def flag_field(config: Mapping[str, Any], key: str, where: str, default: bool = False) -> bool:
+    value = config.get(key, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise DrafterConfigError(f"{where}: field '{key}' must be true/false, found {value!r}")
+    return value
