@@ -9,6 +9,18 @@ from pathlib import Path
 
 import torch
 
+# DeepSeek-style rope for tiny MLA configs (SGLang's MLA attention builds yarn scaling).
+YARN_ROPE = {
+    "rope_type": "yarn",
+    "factor": 1.0,
+    "rope_theta": 10000.0,
+    "original_max_position_embeddings": 512,
+    "beta_fast": 32,
+    "beta_slow": 1,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+}
+
 GEOMETRY = dict(
     vocab_size=256,
     hidden_size=64,
@@ -23,16 +35,7 @@ GEOMETRY = dict(
     v_head_dim=16,
     tie_word_embeddings=False,
     max_position_embeddings=512,
-    rope_parameters={
-        "rope_type": "yarn",
-        "factor": 1.0,
-        "rope_theta": 10000.0,
-        "original_max_position_embeddings": 512,
-        "beta_fast": 32,
-        "beta_slow": 1,
-        "mscale": 1.0,
-        "mscale_all_dim": 1.0,
-    },
+    rope_parameters=YARN_ROPE,
 )
 
 

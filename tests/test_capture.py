@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from mla_drafters import YARN_ROPE
 
 from sglang_ext import compat
 from sglang_ext.demo import Variant, build_drafter, write_target
@@ -37,16 +38,7 @@ MLA = dict(
     num_experts_per_tok=2,
     n_shared_experts=1,
     max_position_embeddings=512,
-    rope_parameters={
-        "rope_type": "yarn",
-        "factor": 1.0,
-        "rope_theta": 10000.0,
-        "original_max_position_embeddings": 512,
-        "beta_fast": 32,
-        "beta_slow": 1,
-        "mscale": 1.0,
-        "mscale_all_dim": 1.0,
-    },
+    rope_parameters=YARN_ROPE,
 )
 
 # architecture -> (SGLang module, transformers config class, extra config fields)
