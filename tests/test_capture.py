@@ -16,29 +16,15 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from mla_drafters import YARN_ROPE
+from mla_drafters import GEOMETRY
 
 from sglang_ext import compat
 from sglang_ext.demo import Variant, build_drafter, write_target
 from sglang_ext.speculators_format import DrafterConfigError
 
-MLA = dict(
-    vocab_size=256,
-    hidden_size=64,
-    intermediate_size=128,
-    moe_intermediate_size=32,
-    num_attention_heads=4,
-    num_key_value_heads=4,
-    q_lora_rank=32,
-    kv_lora_rank=16,
-    qk_rope_head_dim=8,
-    qk_nope_head_dim=16,
-    v_head_dim=16,
-    n_routed_experts=4,
-    num_experts_per_tok=2,
-    n_shared_experts=1,
-    max_position_embeddings=512,
-    rope_parameters=YARN_ROPE,
+# The tiny MLA drafter's geometry as a target: any layer count, plus MoE.
+MLA = {k: v for k, v in GEOMETRY.items() if k != "num_hidden_layers"} | dict(
+    moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1
 )
 
 # architecture -> (SGLang module, transformers config class, extra config fields)
