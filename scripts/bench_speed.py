@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import random
 import shlex
 import statistics
 import sys
@@ -44,6 +43,7 @@ except ImportError:  # run from a checkout without the package installed
     import sglang_ext
 from sglang_ext.bench import BenchError, RequestResult, RequestSpec, load_prompts, run_benchmark
 from sglang_ext_tools.launch import DEFAULT_SPEC, STOCK_ENV, Server, start_all
+from sglang_ext_tools.stats import bootstrap_ratio_ci
 from sglang_ext_tools.trace_breakdown import breakdown, load_trace, newest_trace
 
 SCHEMA_VERSION = 1
@@ -135,23 +135,42 @@ def server_specs(
         specs.append(spec(f"nbrfalse-stock-{tag}", "nbr_stock", compare, stock=True))
     at = compare if compare is not None else settings[0]
     for label, key, value in variants:
-        specs.append(spec(f"spec-{'-'.join(map(str, at))}-{label}", "variant", at,
-                          label=label, env={key: value}))
+        specs.append(
+            spec(
+                f"spec-{'-'.join(map(str, at))}-{label}",
+                "variant",
+                at,
+                label=label,
+                env={key: value},
+            )
+        )
     return specs
 
 
 def make_servers(specs: Sequence[Mapping[str, Any]], args: argparse.Namespace) -> list[Server]:
     """One server per spec, except aliases (a second measurement of another spec's server)."""
-    drafts = {"nospec": None, "spec": args.drafter, "nbr_plugin": args.drafter_nbr_false,
-              "nbr_stock": args.drafter_nbr_false_sglang, "variant": args.drafter}
+    drafts = {
+        "nospec": None,
+        "spec": args.drafter,
+        "nbr_plugin": args.drafter_nbr_false,
+        "nbr_stock": args.drafter_nbr_false_sglang,
+        "variant": args.drafter,
+    }
     specs = [spec for spec in specs if not spec.get("alias_of")]
     return [
-        Server(spec["name"], args.target, args.port_base + k, drafts[spec["role"]],
-               env=dict(STOCK_ENV) if spec["stock"] else dict(spec.get("env") or {}),
-               mem_fraction=args.mem_fraction,
-               max_bs=max(args.batches), log_dir=Path(args.log_dir),
-               spec=tuple(spec["setting"] or DEFAULT_SPEC),
-               attention_backend=args.attention_backend, extra=server_extra_args(args))
+        Server(
+            spec["name"],
+            args.target,
+            args.port_base + k,
+            drafts[spec["role"]],
+            env=dict(STOCK_ENV) if spec["stock"] else dict(spec.get("env") or {}),
+            mem_fraction=args.mem_fraction,
+            max_bs=max(args.batches),
+            log_dir=Path(args.log_dir),
+            spec=tuple(spec["setting"] or DEFAULT_SPEC),
+            attention_backend=args.attention_backend,
+            extra=server_extra_args(args),
+        )
         for k, spec in enumerate(specs)
     ]
 
@@ -198,8 +217,16 @@ def build_plan(
         for name in rotate(names, r):
             for b in batches:
                 n = requests_for_batch(b, waves, batch1_requests)
-                plan.append({"round": r, "server": name, "batch": b, "requests": n,
-                             "concurrency": b, "prompts": prompt_indices(num_prompts, r, n)})
+                plan.append(
+                    {
+                        "round": r,
+                        "server": name,
+                        "batch": b,
+                        "requests": n,
+                        "concurrency": b,
+                        "prompts": prompt_indices(num_prompts, r, n),
+                    }
+                )
     return plan
 
 
@@ -248,7 +275,9 @@ def aggregate(measurements: Sequence[Mapping[str, Any]]) -> dict[tuple[str, int]
         vtokens = sum(m.get("verify_tokens") or 0 for m in timed if m.get("verify"))
         tpots = [m["tpot_ms"] for m in timed if m.get("tpot_ms") is not None]
         out[key] = {
-            "tok_s": statistics.median(toks), "tok_s_min": min(toks), "tok_s_max": max(toks),
+            "tok_s": statistics.median(toks),
+            "tok_s_min": min(toks),
+            "tok_s_max": max(toks),
             "tok_s_mean": statistics.fmean(toks),
             "tok_s_rounds": {m["round"]: m["tok_s"] for m in timed},
             "latency_rounds": [m.get("latency_s") or [] for m in timed],
@@ -271,24 +300,6 @@ def per_prompt_times(latency_rounds: Sequence[Sequence[float | None]]) -> list[f
     return out
 
 
-def bootstrap_ratio_ci(
-    numerator: Sequence[float], denominator: Sequence[float], draws: int = 4000, seed: int = 0
-) -> list[float] | None:
-    """95 % interval of sum(numerator) / sum(denominator), resampling the pairs. With equal
-    token counts per prompt (ignore_eos), nospec time / spec time is the speedup."""
-    pairs = [(a, b) for a, b in zip(numerator, denominator, strict=False)
-             if a is not None and b is not None]
-    if len(pairs) < 2:
-        return None
-    rng = random.Random(seed)
-    ratios = []
-    for _ in range(draws):
-        picks = [pairs[rng.randrange(len(pairs))] for _ in pairs]
-        ratios.append(sum(a for a, _ in picks) / sum(b for _, b in picks))
-    ratios.sort()
-    return [round(ratios[int(0.025 * draws)], 4), round(ratios[int(0.975 * draws) - 1], 4)]
-
-
 def speedup_interval(base: Mapping[str, Any], run: Mapping[str, Any], batch: int):
     """(interval, method): batch 1 pairs prompts (each one's time averaged over rounds);
     larger batches pair rounds (a round's wall time per wave is not per prompt)."""
@@ -298,8 +309,9 @@ def speedup_interval(base: Mapping[str, Any], run: Mapping[str, Any], batch: int
         return bootstrap_ratio_ci(nospec, spec), "paired prompts, bootstrap"
     rounds = sorted(set(base.get("tok_s_rounds", {})) & set(run.get("tok_s_rounds", {})))
     return (
-        bootstrap_ratio_ci([run["tok_s_rounds"][r] for r in rounds],
-                           [base["tok_s_rounds"][r] for r in rounds]),
+        bootstrap_ratio_ci(
+            [run["tok_s_rounds"][r] for r in rounds], [base["tok_s_rounds"][r] for r in rounds]
+        ),
         "paired rounds, bootstrap",
     )
 
@@ -325,8 +337,7 @@ def build_rows(
 ) -> list[dict[str, Any]]:
     statuses = statuses or {}
     nbr = {s["role"]: s for s in specs if s["role"] in ("nbr_plugin", "nbr_stock")}
-    drafter_of = {"spec": MAIN, "nbr_plugin": NBR_PLUGIN, "nbr_stock": NBR_STOCK,
-                  "noise": NOISE}
+    drafter_of = {"spec": MAIN, "nbr_plugin": NBR_PLUGIN, "nbr_stock": NBR_STOCK, "noise": NOISE}
 
     def tok(name: str | None, b: int) -> float | None:
         entry = agg.get((name, b)) if name else None
@@ -354,33 +365,49 @@ def build_rows(
                 s_tok = run["tok_s_rounds"][r]
                 n_tok = (base or {}).get("tok_s_rounds", {}).get(r)
                 per_round.append(
-                    {"round": r, "nospec_tok_s": n_tok, "spec_tok_s": s_tok,
-                     "speedup": _r(_ratio(s_tok, n_tok))}
+                    {
+                        "round": r,
+                        "nospec_tok_s": n_tok,
+                        "spec_tok_s": s_tok,
+                        "speedup": _r(_ratio(s_tok, n_tok)),
+                    }
                 )
-            status = "ok" if not missing else "missing: " + ", ".join(
-                f"{n} ({_why(statuses.get(n))})" for n in missing
+            status = (
+                "ok"
+                if not missing
+                else "missing: " + ", ".join(f"{n} ({_why(statuses.get(n))})" for n in missing)
             )
             run, base = run or {}, base or {}
             ci, method = speedup_interval(base, run, b) if run and base else (None, None)
-            rows.append({
-                "backend": backend,
-                "batch": b, "steps": steps, "topk": topk, "draft_tokens": draft,
-                "drafter": drafter_of.get(spec["role"]) or f"{MAIN} [{spec.get('label')}]",
-                "server": spec["name"],
-                "nospec_tok_s": _r(tok("nospec", b), 2), "spec_tok_s": _r(tok(spec["name"], b), 2),
-                "spec_tok_s_min": _r(run.get("tok_s_min"), 2),
-                "spec_tok_s_max": _r(run.get("tok_s_max"), 2),
-                "tau": _r(tau), "speedup": _r(speedup), "eta": _r(eta),
-                "speedup_ci95": ci, "speedup_ci_method": method,
-                "spec_tok_s_mean": _r(run.get("tok_s_mean"), 2),
-                "prompts": len(run.get("latency_rounds", [[]])[0]) if run else None,
-                "plugin_vs_stock": _r(pvs),
-                "nospec_tpot_ms": _r(base.get("tpot_ms"), 3),
-                "spec_tpot_ms": _r(run.get("tpot_ms"), 3),
-                "cycle_cost_decode_steps": _r(_ratio(1.0, eta)),
-                "errors": run.get("errors", 0) + base.get("errors", 0),
-                "status": status, "rounds": per_round,
-            })
+            rows.append(
+                {
+                    "backend": backend,
+                    "batch": b,
+                    "steps": steps,
+                    "topk": topk,
+                    "draft_tokens": draft,
+                    "drafter": drafter_of.get(spec["role"]) or f"{MAIN} [{spec.get('label')}]",
+                    "server": spec["name"],
+                    "nospec_tok_s": _r(tok("nospec", b), 2),
+                    "spec_tok_s": _r(tok(spec["name"], b), 2),
+                    "spec_tok_s_min": _r(run.get("tok_s_min"), 2),
+                    "spec_tok_s_max": _r(run.get("tok_s_max"), 2),
+                    "tau": _r(tau),
+                    "speedup": _r(speedup),
+                    "eta": _r(eta),
+                    "speedup_ci95": ci,
+                    "speedup_ci_method": method,
+                    "spec_tok_s_mean": _r(run.get("tok_s_mean"), 2),
+                    "prompts": len(run.get("latency_rounds", [[]])[0]) if run else None,
+                    "plugin_vs_stock": _r(pvs),
+                    "nospec_tpot_ms": _r(base.get("tpot_ms"), 3),
+                    "spec_tpot_ms": _r(run.get("tpot_ms"), 3),
+                    "cycle_cost_decode_steps": _r(_ratio(1.0, eta)),
+                    "errors": run.get("errors", 0) + base.get("errors", 0),
+                    "status": status,
+                    "rounds": per_round,
+                }
+            )
     return rows
 
 
@@ -393,11 +420,19 @@ def best_and_goals(rows: Sequence[Mapping[str, Any]], compare: Setting | None):
     batch = 1 if any(r["batch"] == 1 for r in main) else min(r["batch"] for r in main)
     candidates = [r for r in main if r["batch"] == batch and r["speedup"] is not None]
     best = max(candidates, key=lambda r: r["speedup"], default=None)
-    at_compare = [r for r in main if compare is not None and r["batch"] == batch
-                  and (r["steps"], r["topk"], r["draft_tokens"]) == tuple(compare)]
+    at_compare = [
+        r
+        for r in main
+        if compare is not None
+        and r["batch"] == batch
+        and (r["steps"], r["topk"], r["draft_tokens"]) == tuple(compare)
+    ]
     pvs = at_compare[0]["plugin_vs_stock"] if at_compare else None
-    values = {"speedup": (best or {}).get("speedup"), "eta": (best or {}).get("eta"),
-              "plugin_vs_stock": pvs}
+    values = {
+        "speedup": (best or {}).get("speedup"),
+        "eta": (best or {}).get("eta"),
+        "plugin_vs_stock": pvs,
+    }
     goals: dict[str, Any] = {"batch": batch, **values}
     for name, (key, threshold) in GOALS.items():
         goals[name] = None if values[key] is None else values[key] >= threshold
@@ -440,9 +475,7 @@ def summarize_fixtures(manifest: Mapping[str, Any], path: str | None = None) -> 
         return out
     out["versions"] = manifest.get("versions")
     for group in ("targets", "drafters"):
-        out[group] = {
-            name: _compact(entry) for name, entry in (manifest.get(group) or {}).items()
-        }
+        out[group] = {name: _compact(entry) for name, entry in (manifest.get(group) or {}).items()}
     return out
 
 
@@ -479,8 +512,11 @@ def merge_results(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     run's metadata and measurements kept under `runs`."""
     if not results:
         raise ValueError("nothing to merge")
-    rows = [dict(r, backend=r.get("backend") or res.get("attention_backend"))
-            for res in results for r in res["rows"]]
+    rows = [
+        dict(r, backend=r.get("backend") or res.get("attention_backend"))
+        for res in results
+        for r in res["rows"]
+    ]
     compare = results[0].get("compare_setting")
     best, goals = best_and_goals(rows, tuple(compare) if compare else None)
     return {
@@ -500,8 +536,21 @@ def _f(x: Any, fmt: str) -> str:
 
 
 def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
-    head = ("backend", "drafter", "setting", "b", "nospec", "spec", "tau", "speedup", "95% ci",
-            "eta", "p/s", "tpot ms", "status")
+    head = (
+        "backend",
+        "drafter",
+        "setting",
+        "b",
+        "nospec",
+        "spec",
+        "tau",
+        "speedup",
+        "95% ci",
+        "eta",
+        "p/s",
+        "tpot ms",
+        "status",
+    )
     left = {0, 1, 2, len(head) - 1}
     lines = [head]
     for r in rows:
@@ -511,12 +560,23 @@ def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
         figures.append(f"{ci[0]:.3f}-{ci[1]:.3f}" if ci else "-")
         figures += [_f(r[k], "{:.3f}") for k in ("eta", "plugin_vs_stock")]
         setting = label((r["steps"], r["topk"], r["draft_tokens"])) if r["steps"] else "-"
-        lines.append((str(r.get("backend") or "-"), r["drafter"], setting, str(r["batch"]),
-                      *figures, _f(r["spec_tpot_ms"], "{:.2f}"), r["status"]))
+        lines.append(
+            (
+                str(r.get("backend") or "-"),
+                r["drafter"],
+                setting,
+                str(r["batch"]),
+                *figures,
+                _f(r["spec_tpot_ms"], "{:.2f}"),
+                r["status"],
+            )
+        )
     widths = [max(len(line[k]) for line in lines) for k in range(len(head))]
     return "\n".join(
-        "  ".join(cell.ljust(w) if k in left else cell.rjust(w)
-                  for k, (cell, w) in enumerate(zip(line, widths, strict=True))).rstrip()
+        "  ".join(
+            cell.ljust(w) if k in left else cell.rjust(w)
+            for k, (cell, w) in enumerate(zip(line, widths, strict=True))
+        ).rstrip()
         for line in lines
     )
 
@@ -547,25 +607,50 @@ def write_png(result: Mapping[str, Any], path: str) -> bool:
         if not pts:
             continue
         style = "-" if rs[0]["drafter"] == MAIN else "--"
-        left.plot([x for x, _ in pts], [r["speedup"] for _, r in pts], style, marker="o",
-                  color=colour[key], label=key)
+        left.plot(
+            [x for x, _ in pts],
+            [r["speedup"] for _, r in pts],
+            style,
+            marker="o",
+            color=colour[key],
+            label=key,
+        )
         for x, r in pts:
             if r["eta"] is not None:
-                left.annotate(f"η={r['eta']:.2f}", (x, r["speedup"]), fontsize=7,
-                              textcoords="offset points", xytext=(4, 4))
+                left.annotate(
+                    f"η={r['eta']:.2f}",
+                    (x, r["speedup"]),
+                    fontsize=7,
+                    textcoords="offset points",
+                    xytext=(4, 4),
+                )
     left.axhline(1.0, color="grey", linewidth=0.8)
-    left.set(xticks=list(xs), xticklabels=[str(b) for b in batches], xlabel="batch",
-             ylabel="speedup vs no speculation", title="speedup (η = speedup / τ)")
+    left.set(
+        xticks=list(xs),
+        xticklabels=[str(b) for b in batches],
+        xlabel="batch",
+        ylabel="speedup vs no speculation",
+        title="speedup (η = speedup / τ)",
+    )
     left.legend(fontsize=8, title="steps,topk,draft")
     bars = {"nospec": {r["batch"]: r["nospec_tok_s"] for r in rows}}
     bars.update({k: {r["batch"]: r["spec_tok_s"] for r in rs} for k, rs in series.items()})
     width = 0.8 / max(len(bars), 1)
     for i, (key, by_batch) in enumerate(bars.items()):
-        right.bar([x + (i - (len(bars) - 1) / 2) * width for x in xs],
-                  [by_batch.get(b) or 0.0 for b in batches], width, label=key,
-                  color=colour.get(key, "grey"))
-    right.set(xticks=list(xs), xticklabels=[str(b) for b in batches], xlabel="batch",
-              ylabel="output tokens / s", title="throughput (median over rounds)")
+        right.bar(
+            [x + (i - (len(bars) - 1) / 2) * width for x in xs],
+            [by_batch.get(b) or 0.0 for b in batches],
+            width,
+            label=key,
+            color=colour.get(key, "grey"),
+        )
+    right.set(
+        xticks=list(xs),
+        xticklabels=[str(b) for b in batches],
+        xlabel="batch",
+        ylabel="output tokens / s",
+        title="throughput (median over rounds)",
+    )
     right.legend(fontsize=8)
     fig.suptitle(
         f"EAGLE-3 speed: {result.get('gpu')} · SGLang {result.get('sglang_version')} · "
@@ -600,8 +685,12 @@ def gpu_info() -> dict[str, Any]:
                 "name": text(pynvml.nvmlDeviceGetName(h)),
                 "driver": text(pynvml.nvmlSystemGetDriverVersion()),
                 "memory_total_mib": pynvml.nvmlDeviceGetMemoryInfo(h).total // 2**20,
-                "clocks": {"sm_mhz": clock(h, sm), "sm_max_mhz": clock_max(h, sm),
-                           "mem_mhz": clock(h, mem), "mem_max_mhz": clock_max(h, mem)},
+                "clocks": {
+                    "sm_mhz": clock(h, sm),
+                    "sm_max_mhz": clock_max(h, sm),
+                    "mem_mhz": clock(h, mem),
+                    "mem_max_mhz": clock_max(h, mem),
+                },
             }
         finally:
             pynvml.nvmlShutdown()
@@ -625,26 +714,44 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--drafter-nbr-false", help="speculators drafter, norm_before_residual false")
     p.add_argument("--drafter-nbr-false-sglang", help="the same, converted (stock SGLang)")
     p.add_argument("--prompts", required=True, help="JSONL with input_ids per line")
-    p.add_argument("--settings", nargs="+", type=parse_setting,
-                   default=[(3, 1, 4), (5, 1, 6), (4, 4, 8)], metavar="STEPS,TOPK,DRAFT")
+    p.add_argument(
+        "--settings",
+        nargs="+",
+        type=parse_setting,
+        default=[(3, 1, 4), (5, 1, 6), (4, 4, 8)],
+        metavar="STEPS,TOPK,DRAFT",
+    )
     p.add_argument("--compare-setting", type=parse_setting, default=(5, 1, 6))
     p.add_argument("--batches", nargs="+", type=_positive_int, default=[1, 4, 16])
     p.add_argument("--max-new-tokens", type=_positive_int, default=256)
     p.add_argument("--rounds", type=_positive_int, default=3)
     p.add_argument("--requests-per-batch", type=_positive_int, default=2, metavar="WAVES")
-    p.add_argument("--noise", action="store_true",
-                   help="measure the no-speculation server twice per round: the ratio of the "
-                   "two is the run's own noise floor (row 'no speculation, measured again')")
-    p.add_argument("--batch1-requests", type=_positive_int, default=64,
-                   help="prompts per server per round at batch 1, the same ones every round "
-                   "(the per-prompt bootstrap interval of the speedup needs them)")
+    p.add_argument(
+        "--noise",
+        action="store_true",
+        help="measure the no-speculation server twice per round: the ratio of the "
+        "two is the run's own noise floor (row 'no speculation, measured again')",
+    )
+    p.add_argument(
+        "--batch1-requests",
+        type=_positive_int,
+        default=64,
+        help="prompts per server per round at batch 1, the same ones every round "
+        "(the per-prompt bootstrap interval of the speedup needs them)",
+    )
     p.add_argument("--mem-fraction", type=float, default=0.13)
-    p.add_argument("--variant", action="append", type=parse_variant, default=[],
-                   metavar="LABEL:KEY=VALUE",
-                   help="one more plugin server (main drafter, compare setting) with an env "
-                        "var, e.g. splitkv:SGLANG_EXT_SPLITKV_VERIFY=1; repeatable")
-    p.add_argument("--max-total-tokens", type=_positive_int,
-                   help="fixed KV pool size per server (tokens)")
+    p.add_argument(
+        "--variant",
+        action="append",
+        type=parse_variant,
+        default=[],
+        metavar="LABEL:KEY=VALUE",
+        help="one more plugin server (main drafter, compare setting) with an env "
+        "var, e.g. splitkv:SGLANG_EXT_SPLITKV_VERIFY=1; repeatable",
+    )
+    p.add_argument(
+        "--max-total-tokens", type=_positive_int, help="fixed KV pool size per server (tokens)"
+    )
     p.add_argument("--server-args", default="", help="extra flags for every server (one string)")
     p.add_argument("--startup-timeout", type=float, default=600.0)
     p.add_argument("--attention-backend", default="triton")
@@ -654,9 +761,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-png")
     p.add_argument("--fixtures-json", help="fixtures manifest to embed a summary of")
     p.add_argument("--dry-run", action="store_true", help="print servers and plan, start nothing")
-    p.add_argument("--profile", action="store_true",
-                   help="after the rounds, profile one batch-1 request per server (torch "
-                        "profiler via /start_profile) and add a per-cycle time breakdown")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="after the rounds, profile one batch-1 request per server (torch "
+        "profiler via /start_profile) and add a per-cycle time breakdown",
+    )
     p.add_argument("--profile-steps", type=_positive_int, default=40)
     p.add_argument("--profile-dir", help="trace folder (default: LOG_DIR/profiles)")
     return p
@@ -682,8 +792,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def _run(server: Server, prompts: Sequence[Any], concurrency: int, max_new_tokens: int):
-    spec = RequestSpec(api="generate", url=server.url, max_new_tokens=max_new_tokens,
-                       temperature=0.0, ignore_eos=True, stream=True)
+    spec = RequestSpec(
+        api="generate",
+        url=server.url,
+        max_new_tokens=max_new_tokens,
+        temperature=0.0,
+        ignore_eos=True,
+        stream=True,
+    )
     return run_benchmark(spec, prompts, concurrency, warmup=0, progress=False)
 
 
@@ -694,10 +810,17 @@ def profile_server(server: Server, prompt: Any, args: argparse.Namespace) -> dic
 
     out_dir = Path(args.profile_dir or Path(args.log_dir) / "profiles") / server.name
     out_dir.mkdir(parents=True, exist_ok=True)
-    body = {"output_dir": str(out_dir), "num_steps": args.profile_steps,
-            "activities": ["CPU", "GPU"], "profile_prefix": server.name}
-    request = urllib.request.Request(server.url + "/start_profile", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+    body = {
+        "output_dir": str(out_dir),
+        "num_steps": args.profile_steps,
+        "activities": ["CPU", "GPU"],
+        "profile_prefix": server.name,
+    }
+    request = urllib.request.Request(
+        server.url + "/start_profile",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(request, timeout=60) as resp:
         resp.read()
     results, wall = _run(server, [prompt], 1, args.max_new_tokens)
@@ -755,17 +878,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if any(p.input_ids is None for p in prompts):
-        print(f"error: {source}: every line needs input_ids (servers skip the tokenizer)",
-              file=sys.stderr)
+        print(
+            f"error: {source}: every line needs input_ids (servers skip the tokenizer)",
+            file=sys.stderr,
+        )
         return 2
     specs = server_specs(args.settings, args.compare, args.variant, args.noise)
     servers = make_servers(specs, args)
-    plan = build_plan([spec["name"] for spec in specs], args.batches, args.rounds,
-                      args.requests_per_batch, len(prompts), args.batch1_requests)
+    plan = build_plan(
+        [spec["name"] for spec in specs],
+        args.batches,
+        args.rounds,
+        args.requests_per_batch,
+        len(prompts),
+        args.batch1_requests,
+    )
     if args.dry_run:
         dry = {
-            "servers": [{"name": s.name, "url": s.url, "command": s.command(), "env": s.env}
-                        for s in servers],
+            "servers": [
+                {"name": s.name, "url": s.url, "command": s.command(), "env": s.env}
+                for s in servers
+            ],
             "warmup": warmup_plan(args.batches),
             "plan": plan,
             "prompts": {"source": source, "count": len(prompts)},
@@ -776,8 +909,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     date = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     started, measurements, aborted, profiles = time.time(), [], None, {}
     by_name = {s.name: s for s in servers}
-    by_name.update({spec["name"]: by_name[spec["alias_of"]] for spec in specs
-                    if spec.get("alias_of")})
+    by_name.update(
+        {spec["name"]: by_name[spec["alias_of"]] for spec in specs if spec.get("alias_of")}
+    )
     try:
         start_all(servers, args.startup_timeout)
         for s in servers:
@@ -796,16 +930,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                 chosen = [prompts[i] for i in entry["prompts"]]
                 results, wall = _run(server, chosen, entry["concurrency"], args.max_new_tokens)
                 m.update(summarize_measurement(results, wall))
-                print(f"round {entry['round']} {entry['server']} b={entry['batch']}: "
-                      f"{m['tok_s']} tok/s tau={m['tau']} errors={m['errors']}",
-                      file=sys.stderr)
+                print(
+                    f"round {entry['round']} {entry['server']} b={entry['batch']}: "
+                    f"{m['tok_s']} tok/s tau={m['tau']} errors={m['errors']}",
+                    file=sys.stderr,
+                )
             measurements.append(m)
         if args.profile:
             for s in servers:
                 if s.status == "ready" and s.alive():
                     profiles[s.name] = profile_server(s, prompts[0], args)
-                    print(f"profile {s.name}: {json.dumps(profiles[s.name].get('per_cycle_ms'))}",
-                          file=sys.stderr)
+                    print(
+                        f"profile {s.name}: {json.dumps(profiles[s.name].get('per_cycle_ms'))}",
+                        file=sys.stderr,
+                    )
     except (Exception, KeyboardInterrupt) as exc:
         aborted = f"{type(exc).__name__}: {exc}"
         print(f"aborted: {aborted} (writing partial results)", file=sys.stderr)
@@ -816,9 +954,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     gpu = gpu_info()
     server_records = []
     for spec, s in zip(specs, servers, strict=True):
-        record = {"name": s.name, "role": spec["role"], "setting": spec["setting"],
-                  "command": s.command(), "env": s.env, "status": s.status,
-                  "ready_after_s": s.ready_after_s, "log": str(s.log_path)}
+        record = {
+            "name": s.name,
+            "role": spec["role"],
+            "setting": spec["setting"],
+            "command": s.command(),
+            "env": s.env,
+            "status": s.status,
+            "ready_after_s": s.ready_after_s,
+            "log": str(s.log_path),
+        }
         if s.status != "ready":
             record["log_tail"] = s.log_tail(30)
             record["error"] = s.startup_error()
@@ -828,16 +973,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         path = Path(args.fixtures_json)
         fixtures = summarize_fixtures(json.loads(path.read_text()), str(path))
     meta = {
-        "date": date, "gpu": gpu.get("name"), "gpu_info": gpu,
-        "sglang_version": package_version("sglang"), "torch_version": package_version("torch"),
-        "sglang_ext_version": sglang_ext.__version__, "attention_backend": args.attention_backend,
+        "date": date,
+        "gpu": gpu.get("name"),
+        "gpu_info": gpu,
+        "sglang_version": package_version("sglang"),
+        "torch_version": package_version("torch"),
+        "sglang_ext_version": sglang_ext.__version__,
+        "attention_backend": args.attention_backend,
         "command": " ".join(sys.argv if argv is None else [__file__, *argv]),
-        "settings": [list(s) for s in args.settings], "batches": args.batches,
-        "max_new_tokens": args.max_new_tokens, "rounds": args.rounds,
-        "requests_per_batch": args.requests_per_batch, "mem_fraction": args.mem_fraction,
+        "settings": [list(s) for s in args.settings],
+        "batches": args.batches,
+        "max_new_tokens": args.max_new_tokens,
+        "rounds": args.rounds,
+        "requests_per_batch": args.requests_per_batch,
+        "mem_fraction": args.mem_fraction,
         "server_extra_args": server_extra_args(args),
         "prompts": {"source": source, "count": len(prompts)},
-        "wall_s": round(time.time() - started, 1), "aborted": aborted,
+        "wall_s": round(time.time() - started, 1),
+        "aborted": aborted,
     }
     result = build_result(meta, server_records, measurements, specs, args.compare, fixtures)
     if args.profile:
@@ -853,9 +1006,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"results written to {out_json}")
     if args.out_png and write_png(result, args.out_png):
         print(f"plot written to {args.out_png}")
-    failed = any(s.status != "ready" for s in servers) or any(
-        m.get("errors") for m in measurements
-    )
+    failed = any(s.status != "ready" for s in servers) or any(m.get("errors") for m in measurements)
     return 1 if aborted or failed else 0
 
 

@@ -10,7 +10,6 @@ the drafter and SGLang skipped `fc` without a word. `seed-drafter/` is that conf
 from __future__ import annotations
 
 import json
-import random
 import re
 import statistics
 import time
@@ -18,6 +17,8 @@ import time
 import pytest
 from lossless import verdict
 from suite import CHAIN, MLA_FIXTURES, MLA_NEW_TOKENS, RESULTS, TREE, load_prompts, served_tau
+
+from sglang_ext_tools.stats import bootstrap_ratio_ci
 
 SPEED_PROMPTS, SPEED_TOKENS, SPEED_ROUNDS = 6, 256, 2
 
@@ -114,18 +115,6 @@ def _per_request_tok_s(server, prompts: list[list[int]]) -> list[float]:
     return rates
 
 
-def _ratio_ci95(num: list[float], den: list[float], draws: int = 2000) -> list[float]:
-    """Bootstrap 95 % interval of mean(num) / mean(den), requests resampled in pairs."""
-    rng = random.Random(0)
-    n = len(num)
-    ratios = []
-    for _ in range(draws):
-        picks = [rng.randrange(n) for _ in range(n)]
-        ratios.append(sum(num[i] for i in picks) / sum(den[i] for i in picks))
-    ratios.sort()
-    return [round(ratios[int(0.025 * draws)], 3), round(ratios[int(0.975 * draws)], 3)]
-
-
 def test_seed_case_stock_stalls_plugin_refuses_then_serves_faster(mla):
     cluster = mla["cluster"]
     nospec, stock, guard, plugin = (
@@ -159,7 +148,7 @@ def test_seed_case_stock_stalls_plugin_refuses_then_serves_faster(mla):
         "plugin_tau": round(served_tau(plugin_outputs), 4),
         "plugin_tok_s": mean["plugin"],
         "plugin_speedup": round(mean["plugin"] / mean["nospec"], 3),
-        "plugin_speedup_ci95": _ratio_ci95(rates["plugin"], rates["nospec"]),
+        "plugin_speedup_ci95": bootstrap_ratio_ci(rates["plugin"], rates["nospec"]),
         "stock_speedup": round(mean["stock"] / mean["nospec"], 3),
         "tau_reference": round(
             manifest["drafter"]["small_drafter"]["reference"]["bfloat16"]["tau"], 4
