@@ -163,6 +163,16 @@ def drafter_batch(target, x: torch.Tensor, aux_ids: list[int], device: str):
     }
 
 
+def _history_entry(step: int, loss, start: float, metrics, ttt_steps: int) -> dict[str, Any]:
+    """One training-history row (built only when logged: ``loss.item()`` syncs the GPU)."""
+    return {
+        "step": step,
+        "loss": round(loss.item(), 4),
+        "t": round(time.perf_counter() - start, 2),
+        **_step_metrics(metrics, ttt_steps),
+    }
+
+
 def _step_metrics(metrics: dict[str, torch.Tensor], ttt_steps: int) -> dict[str, list]:
     """Per-TTT-step loss / accuracies from speculators' ``compute_metrics`` output."""
 
@@ -247,23 +257,12 @@ def train_drafter(
             loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
+
         if step % log_every == 0 or step == steps - 1:
-            entry = {
-                "step": step,
-                "loss": round(loss.item(), 4),
-                "t": round(time.perf_counter() - start, 2),
-            }
-            entry.update(_step_metrics(metrics, ttt_steps))
-            history.append(entry)
+            history.append(_history_entry(step, loss, start, metrics, ttt_steps))
         if time_cap is not None and time.perf_counter() - start > time_cap:
             stopped_early = step < steps - 1
-            entry = {
-                "step": step,
-                "loss": round(loss.item(), 4),
-                "t": round(time.perf_counter() - start, 2),
-            }
-            entry.update(_step_metrics(metrics, ttt_steps))
-            history.append(entry)
+            history.append(_history_entry(step, loss, start, metrics, ttt_steps))
             break
     drafter.eval()
     result: dict[str, Any] = {

@@ -200,8 +200,10 @@ def stage_drafter(args, scale: MlaScale) -> dict[str, Any]:
     r = scale.reference
     prompts = [json.loads(line) for line in (out / "prompts.jsonl").open()][: r["prompts"]]
     references = {}
-    dtypes = ("bfloat16", "float32") if args.ref_fp32 or device != "cuda" else ("bfloat16",)
-    dtypes = dtypes if device == "cuda" else ("float32",)
+    if device != "cuda":
+        dtypes = ("float32",)
+    else:
+        dtypes = ("bfloat16", "float32") if args.ref_fp32 else ("bfloat16",)
     for dtype in dtypes:
         result = ref.evaluate_tau(
             ref.load_target(out / "small-target", device=device, dtype=dtype),
