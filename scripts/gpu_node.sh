@@ -34,9 +34,19 @@
 #                                                LOCK (sha256 or upstream-sha256); a stripped copy
 #                                                of the same name is set aside, then `install`
 #
+# SGLang 0.5.23 (GPU 0) and 0.5.17 (GPU 1) side by side on nvidia-h200-x2 (issue 15):
+#   bash scripts/gpu_node.sh dual-start          carry .wh/s1: training subset, fixtures start
+#                                                (both fixture scripts + the window drafter)
+#   bash scripts/gpu_node.sh ferry-recv          carry .ferry/BUNDLE/part-KK + manifest.json,
+#                                                one call per part (BUNDLE: see README)
+#   bash scripts/gpu_node.sh dual-install BUNDLE join + check the bundle, install 0.5.17 into
+#                                                /tmp/site and 0.5.23 into /tmp/site523
+#   bash scripts/gpu_node.sh dual-wait [SECS]    watch; both suites' results -> $OUT/sglangV/
+#
 # Wheel chunks come from: python scripts/wheelhouse.py build --profile h200-cu130-py312 --out .wh
 set -euo pipefail
-WH=/tmp/wh SITE=/tmp/site FIX=/tmp/fixtures LOGS=/tmp/sglang-ext-logs MLA=/tmp/mla SUITE=/tmp/suite
+WH=/tmp/wh SITE=${SGLANG_EXT_SITE:-/tmp/site} FIX=/tmp/fixtures MLA=/tmp/mla SUITE=/tmp/suite
+LOGS=${SGLANG_EXT_LOG_DIR:-/tmp/sglang-ext-logs} PATCHED=${SGLANG_EXT_PATCHED_DIR:-/tmp/site_patched}
 SPEED=/tmp/speed TRAIN_SITE=/tmp/site-train INSTALLED=/tmp/sglang-installed
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -59,6 +69,12 @@ start_detached() {
         >"$dir/pipeline.log" 2>&1 </dev/null &
     sleep 2
     cat "$dir/pipeline.log"
+}
+# The newest checkout for a detached pipeline to pick up later (never the copy it runs from).
+sync_latest() {
+    rm -rf /tmp/repo-next && mkdir /tmp/repo-next
+    cp -r scripts sglang_ext sglang_ext_tools tests patches locks pyproject.toml /tmp/repo-next/
+    rm -rf /tmp/repo-latest && mv /tmp/repo-next /tmp/repo-latest
 }
 # The training subset (chunk s1) into its own site, so fixtures start before SGLang is in.
 train_site() {
@@ -239,18 +255,161 @@ fixtures)
     ;;
 patched)
     version=${1:?sglang version of the series}
-    rm -rf /tmp/site_patched && mkdir -p /tmp/site_patched
-    cp -r "$SITE/sglang" /tmp/site_patched/
-    python3 scripts/apply_patches.py apply --sglang-site /tmp/site_patched --series "patches/v$version"
+    rm -rf "$PATCHED" && mkdir -p "$PATCHED"
+    cp -r "$SITE/sglang" "$PATCHED"/
+    python3 scripts/apply_patches.py apply --sglang-site "$PATCHED" --series "patches/v$version"
     ;;
 test)
-    [ -d /tmp/site_patched/sglang ] && export SGLANG_EXT_PATCHED_SITE=/tmp/site_patched
+    if [ -d "$PATCHED/sglang" ]; then export SGLANG_EXT_PATCHED_SITE=$PATCHED; fi
     set +e
     SGLANG_EXT_FIXTURES="$FIX" SGLANG_EXT_RESULTS_DIR="$OUT" SGLANG_EXT_LOG_DIR="$LOGS" \
         python3 -m pytest -m gpu tests/gpu -q -rA -p no:cacheprovider "$@" 2>&1 | tee "$OUT/pytest.log"
     status=${PIPESTATUS[0]}
     tar -czf "$OUT/logs.tgz" -C "$LOGS" . 2>/dev/null
     exit "$status"
+    ;;
+dual-start)
+    mkdir -p "$SUITE"
+    sync_latest
+    start_detached dual-pipeline "$SUITE" SUITE_PYTEST_ARGS "$@"
+    python3 -m pip list --format=freeze >"$OUT/node-pip-freeze.txt" 2>/dev/null || true
+    ;;
+dual-pipeline)
+    # fixtures (GPU 0) || MLA fixtures (GPU 1) -> (after dual-install) the suite on SGLang
+    # 0.5.23 (GPU 0) || the suite on 0.5.17 (GPU 1); ends with DONE or FAILED.
+    cd /tmp/repo
+    CUDA_VISIBLE_DEVICES=0 PYTHONPATH="$TRAIN_SITE" python3 scripts/make_fixtures.py --out "$FIX" \
+        --scale full --device cuda --ref-dtype bfloat16 --overwrite \
+        --variants "${FIXTURE_VARIANTS:-llama,llama3layer,random,qwen3,sglang4layer,window}" \
+        >"$SUITE/fixtures.log" 2>&1 &
+    p1=$!
+    CUDA_VISIBLE_DEVICES=1 PYTHONPATH="$TRAIN_SITE" python3 scripts/make_mla_fixtures.py \
+        --stage all --out "$MLA" --device cuda >"$SUITE/mla.log" 2>&1 &
+    p2=$!
+    ok=1
+    wait "$p1" || ok=0
+    wait "$p2" || ok=0
+    touch "$SUITE/FIXTURES-$ok"
+    # `dual-go` (after dual-install) releases the suites with the newest checkout it synced.
+    while [ ! -f "$SUITE/GO" ]; do sleep 2; done
+    if [ "$ok" = 1 ]; then
+        rm -rf /tmp/repo-suite && cp -r /tmp/repo-latest /tmp/repo-suite && cd /tmp/repo-suite
+        gpus=$(nvidia-smi -L | wc -l)
+        bash scripts/gpu_node.sh suite-on 0.5.23 /tmp/site523 0 32000 &
+        s1=$!
+        bash scripts/gpu_node.sh suite-on 0.5.17 /tmp/site $((gpus > 1 ? 1 : 0)) 31000 &
+        s2=$!
+        wait "$s1" || true
+        wait "$s2" || true
+        touch "$SUITE/DONE"
+    else
+        touch "$SUITE/FAILED"
+    fi
+    ;;
+suite-on)
+    # VERSION SITE GPU PORT_BASE: the patched copy of that SGLang, then its GPU suite
+    version=$1 res="$SUITE/sglang$1"
+    mkdir -p "$res"
+    export SGLANG_EXT_SITE=$2 SGLANG_EXT_PATCHED_DIR=/tmp/site_patched-$1
+    export SGLANG_EXT_LOG_DIR=/tmp/sglang-ext-logs-$1 PYTHONPATH=$2
+    bash scripts/gpu_node.sh patched "$version" >"$res/patched.log" 2>&1 || true
+    # shellcheck disable=SC2086  # pytest flags, split on purpose
+    CUDA_VISIBLE_DEVICES=$3 SGLANG_EXT_PORT_BASE=$4 OUT="$res" SGLANG_EXT_MLA_FIXTURES="$MLA" \
+        timeout -s INT "${SUITE_LIMIT:-900}" bash scripts/gpu_node.sh test ${SUITE_PYTEST_ARGS:-}
+    ;;
+dual-go)
+    sync_latest
+    [ -f "$INSTALLED" ] || { echo "not installed yet (dual-install)" >&2; exit 1; }
+    touch "$SUITE/GO"
+    ls "$SUITE"
+    ;;
+smoke)
+    # SITE GPU: one EAGLE-3 plugin server on the llama fixture (or the bundled demo with dummy
+    # weights), one request, its log -> $OUT. Seconds, before the suites start.
+    site=$1 gpu=$2 tgt=$FIX/llama-target drf=$FIX/llama-drafter load=()
+    if [ ! -f "$drf/config.json" ]; then
+        tgt=sglang_ext/data/demo/target drf=sglang_ext/data/demo/drafter load=(--load-format dummy)
+    fi
+    log="$OUT/smoke-$(basename "$site").log"
+    CUDA_VISIBLE_DEVICES=$gpu PYTHONPATH=$site timeout 280 python3 -m sglang.launch_server \
+        --model-path "$tgt" "${load[@]}" --speculative-draft-model-path "$drf" \
+        --speculative-algorithm EAGLE3 --speculative-num-steps 3 --speculative-eagle-topk 1 \
+        --speculative-num-draft-tokens 4 --attention-backend triton --sampling-backend pytorch \
+        --skip-tokenizer-init --cuda-graph-backend-prefill disabled --port 30555 \
+        --mem-fraction-static 0.3 --max-total-tokens 65536 --enable-metrics >"$log" 2>&1 &
+    pid=$!
+    for _ in $(seq 270); do
+        curl -sf localhost:30555/health_generate >/dev/null 2>&1 && break
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 1
+    done
+    curl -s localhost:30555/generate -H 'content-type: application/json' \
+        -d '{"input_ids": [1, 5, 9, 13, 17, 21, 25, 29], "sampling_params": {"max_new_tokens": 32, "temperature": 0}}' \
+        | tee -a "$log" | head -c 600
+    echo
+    kill "$pid" 2>/dev/null || true
+    grep -E "sglang_ext|Error|error|accept" "$log" | tail -n 25
+    ;;
+dual-install)
+    bundle=${1:?usage: gpu_node.sh dual-install BUNDLE_NAME}
+    python3 scripts/ferry.py join "/tmp/ferry/$bundle/manifest.json" --parts "/tmp/ferry/$bundle" \
+        --out /tmp
+    rm -rf /tmp/bundle && mkdir -p /tmp/bundle && tar -xf "/tmp/$bundle" -C /tmp/bundle
+    mkdir -p /tmp/wh523 && cp /tmp/bundle/523/*/*.whl /tmp/wh523/
+    cp /tmp/bundle/517/*/*.whl "$WH"/
+    python3 scripts/wheelhouse.py verify --lock locks/sglang-0.5.23-h200-cu130-py312.lock /tmp/wh523
+    python3 scripts/wheelhouse.py verify --lock locks/sglang-0.5.17-h200-cu130-py312.lock "$WH" \
+        --ignore-extra
+    SGLANG_EXT_SITE=/tmp/site bash scripts/gpu_node.sh install-site "$WH"/*.whl &
+    p1=$!
+    # 0.5.23's site: its wheels, the training subset's extras (speculators and what it needs,
+    # not its transformers), then the node's CUDA libraries that torch 2.14.1 finds by RPATH
+    # next to itself (the lock's notes say which and why).
+    extras=()
+    for n in speculators hs_connectors datasets multiprocess pydantic_settings python_dotenv loguru; do
+        extras+=("$WH"/"$n"-*.whl)
+    done
+    SGLANG_EXT_SITE=/tmp/site523 bash scripts/gpu_node.sh install-site /tmp/wh523/*.whl "${extras[@]}"
+    node_nvidia=$(python3 -c 'import nvidia, os; print(os.path.realpath(list(nvidia.__path__)[0]))')
+    for d in "$node_nvidia"/*/; do
+        d=${d%/}
+        [ -e "/tmp/site523/nvidia/$(basename "$d")" ] || ln -s "$d" "/tmp/site523/nvidia/$(basename "$d")"
+    done
+    ls /tmp/site523/nvidia
+    wait "$p1"
+    touch "$INSTALLED"
+    ;;
+install-site)
+    # wheels (--no-deps) + this project into $SGLANG_EXT_SITE; print what imports from there
+    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" "$@"
+    python3 -m pip install -q --no-index --no-deps --no-build-isolation --upgrade --target "$SITE" .
+    PYTHONPATH=$SITE python3 - <<'PY'
+import importlib.metadata as md, json, torch
+names = ("sglang", "sglang-ext", "transformers", "tokenizers", "speculators", "sglang-kernel",
+         "flashinfer-python", "triton", "nvidia-nccl-cu13")
+print(json.dumps({n: md.version(n) for n in names} | {"torch": torch.__version__,
+      "cuda": torch.cuda.is_available(), "gpus": torch.cuda.device_count(),
+      "nccl": torch.cuda.nccl.version()}))
+PY
+    ;;
+dual-wait)
+    limit=${1:-540}
+    for _ in $(seq "$limit"); do
+        if [ -f "$SUITE/DONE" ] || [ -f "$SUITE/FAILED" ]; then break; fi
+        sleep 1
+    done
+    grep -h "make_fixtures\|Error\|error" "$SUITE"/fixtures.log "$SUITE"/mla.log 2>/dev/null | tail -n 12
+    for v in 0.5.23 0.5.17; do
+        echo "== sglang $v"
+        tail -n 15 "$SUITE/sglang$v/pytest.log" 2>/dev/null
+        mkdir -p "$OUT/sglang$v"
+        cp "$SUITE/sglang$v"/integration-*.json "$SUITE/sglang$v/pytest.log" "$OUT/sglang$v"/ \
+            2>/dev/null || true
+    done
+    cp "$FIX/fixtures.json" "$MLA/mla-fixtures.json" "$OUT"/ 2>/dev/null || true
+    tar -czf "$OUT/suite-logs.tgz" -C "$SUITE" . --exclude='*.json' 2>/dev/null || true
+    nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
+    [ -f "$SUITE/DONE" ]
     ;;
 *)
     echo "unknown step: $step" >&2

@@ -115,6 +115,12 @@ class Profile:
     platforms: tuple[str, ...] = DEFAULT_PLATFORMS
     notes: list[str] = dataclasses.field(default_factory=list)
     lock: Path | None = None
+    # Shipped although the node has a copy: the node's copy is at an unknown version in the
+    # freeze (so it would "satisfy" any pin) but is known not to work with what we ship.
+    replace_node: list[str] = dataclasses.field(default_factory=list)
+    # Wheels larger than a chunk go to OUT/big/ (carried in parts with scripts/ferry.py)
+    # instead of failing the build.
+    ferry_large: bool = False
 
 
 PROFILES: dict[str, Profile] = {
@@ -182,6 +188,49 @@ PROFILES: dict[str, Profile] = {
             "  records no hashes, so byte identity with the node's copy is not claimed.",
         ],
         lock=REPO_ROOT / "locks" / "sglang-0.5.17-h200-cu130-py312.lock",
+    ),
+    # SGLang 0.5.23 (issue 15): torch 2.14.1, triton 3.8, sglang-kernel 0.4.10 unstripped,
+    # flashinfer 0.7.2; installed into its own --target so the 0.5.17 profile keeps working.
+    "h200-cu130-py312-sglang0.5.23": Profile(
+        sglang="0.5.23",
+        python_version="3.12.3",
+        node_freeze=REPO_ROOT / "locks" / "node-h200-cu130-py312.freeze.txt",
+        pins=[],
+        excludes=[
+            "flash-attn-4", "tilelang", "nvidia-cutlass-dsl", "humming-kernels",
+            "quack-kernels", "quack", "helion", "datasets", "modelscope", "kernels",
+            "nvidia-mathdx", "tokenspeed-mla", "cuda-python", "cuda-tile", "nccl4py",
+            "nvidia-cudnn-frontend", "smg-grpc-servicer", "py-spy", "torchcodec",
+            # new in 0.5.18-0.5.23, not imported at module level on the EAGLE-3 serving path
+            # (DeepEP all-to-all, DeepSeek-V4 chat recipes, renderers, nvshmem bindings)
+            "sgl-deep-ep", "nccl-extensions", "nvshmem4py-cu13", "deepseek-recipe",
+            "tml-renderers",
+        ],
+        strips=[],
+        adds=["dill"],
+        keep_node=["numpy"],
+        # torch 2.14.1's libtorch_cuda.so calls NCCL 2.29+/2.30 functions (ncclCommGrow,
+        # ncclCommSuspend, ncclWinGetUserPtr, ...) that the node's 2.28.9 (torch 2.11's pin)
+        # lacks: checked with `nm -D` here. The node's CUDA 13.0.2 libraries (cublas 13.1.0.3
+        # vs the pinned 13.1.1.3: every cublas symbol torch 2.14.1 imports is defined there),
+        # cudnn 9.19, cusparselt 0.8.0 and nvshmem 3.4.5 are used as they are.
+        replace_node=["nvidia-nccl-cu13", "torchvision"],
+        chunk_mb=60,
+        ferry_large=True,
+        notes=[
+            "Node: H200, CUDA 13, Python 3.12.3, torch 2.11.0+cu130 preinstalled, no network;",
+            "its packages: locks/node-h200-cu130-py312.freeze.txt.  Built with",
+            "  python scripts/wheelhouse.py build --profile h200-cu130-py312-sglang0.5.23 "
+            "--out .wh523",
+            "Installed with --target /tmp/site523 beside the 0.5.17 profile's /tmp/site.",
+            "Wheels over 60 MB (torch, triton, sglang-kernel, nccl, flashinfer) are in big/ and",
+            "travel in parts: scripts/ferry.py split, gpu_node.sh ferry-recv / ferry-join.",
+            "Node libraries used instead of torch 2.14.1's pins (ABI-checked with nm -D):",
+            "  cuda-toolkit 13.0.2 libs (cublas 13.1.0.3), nvidia-cudnn-cu13, cusparselt,",
+            "  nvshmem 3.4.5.  Shipped although the node has one: nvidia-nccl-cu13 (torch",
+            "  2.14.1 calls NCCL 2.30 functions), torchvision (the node's is built for 2.11).",
+        ],
+        lock=REPO_ROOT / "locks" / "sglang-0.5.23-h200-cu130-py312.lock",
     ),
 }
 
@@ -709,7 +758,11 @@ def read_lock(path: Path) -> Lock:
 
 def find_wheel(folder: Path, filename: str) -> Path | None:
     """A wheel in ``folder`` itself or in one of its chunk subfolders ``c1/``, ``c2/`` ..."""
-    for candidate in [folder / filename, *sorted(folder.glob(f"c*/{filename}"))]:
+    for candidate in [
+        folder / filename,
+        *sorted(folder.glob(f"c*/{filename}")),
+        folder / "big" / filename,
+    ]:
         if candidate.is_file():
             return candidate
     return None
@@ -730,7 +783,9 @@ def verify_folder(lock: Lock, folder: Path) -> list[str]:
             )
         elif sha256_file(path) != entry.sha256:
             problems.append(f"sha256 mismatch: {entry.filename}")
-    present = {p.name for p in [*folder.glob("*.whl"), *folder.glob("c*/*.whl")]}
+    present = {
+        p.name for p in [*folder.glob("*.whl"), *folder.glob("c*/*.whl"), *folder.glob("big/*.whl")]
+    }
     problems += [f"not in lock: {name}" for name in sorted(present - wanted)]
     return problems
 
@@ -818,18 +873,23 @@ def write_output(
     lock_name: str,
     title: str,
     lock_text: str | None = None,
+    ferry_large: bool = False,
 ) -> list[tuple[str, int]]:
     """Lay out ``out``: chunk folders, install.sh and the lock; return [(chunk, bytes)].
+
+    With ``ferry_large`` a wheel larger than a chunk goes to ``out/big/`` (for
+    ``scripts/ferry.py split``) instead of failing the build.
 
     Previous chunk folders, install.sh and ``*.lock`` in ``out`` are replaced so a re-run never
     mixes wheel sets.  ``lock_text`` (a lock that was built from) is copied verbatim, so its
     comments survive; otherwise the lock is rendered.
     """
     sizes = {w.name: w.stat().st_size for w in wheels}
-    chunks = plan_chunks(sizes, chunk_mb * MB)
+    large = sorted(n for n, size in sizes.items() if ferry_large and size > chunk_mb * MB)
+    chunks = plan_chunks({n: s for n, s in sizes.items() if n not in large}, chunk_mb * MB)
     out.mkdir(parents=True, exist_ok=True)
     for old in out.iterdir():
-        if old.is_dir() and re.fullmatch(r"c\d+", old.name):
+        if old.is_dir() and (re.fullmatch(r"c\d+", old.name) or old.name == "big"):
             shutil.rmtree(old)
         elif old.name == "install.sh" or old.suffix == ".lock":
             old.unlink()
@@ -841,6 +901,11 @@ def write_output(
         for name in chunk:
             shutil.copy2(by_name[name], folder / name)
         summary.append((folder.name, sum(sizes[n] for n in chunk)))
+    if large:
+        (out / "big").mkdir()
+        for name in large:
+            shutil.copy2(by_name[name], out / "big" / name)
+        summary.append(("big", sum(sizes[n] for n in large)))
     script = out / "install.sh"
     script.write_text(render_install_sh(lock, title))
     script.chmod(0o755)
@@ -873,6 +938,8 @@ def build_from_resolution(args, profile: Profile | None, work: Path) -> tuple[li
     target = Target(python_version, platforms)
     env = target_environment(python_version, platforms)
     node = read_freeze(Path(freeze)) if freeze else {}
+    for name in profile.replace_node if profile else []:
+        node.pop(canonicalize_name(name), None)
     roots = [Requirement(f"sglang=={sglang}"), *parse_named_requirements(adds, "--add").values()]
     log(f"resolving {', '.join(map(str, roots))} for cp{python_version} ({len(node)} on node)")
     fetch = lambda r: pip_download(r, target, work)  # noqa: E731
@@ -949,7 +1016,10 @@ def cmd_build(args) -> int:
             title = f"sglang-{sglang}-{args.profile or 'custom'}"
             lock_name = f"{title}.lock"
             lock_text = None
-        summary = write_output(wheels, lock, out, chunk_mb, lock_name, title, lock_text)
+        ferry_large = args.ferry_large or bool(profile and profile.ferry_large)
+        summary = write_output(
+            wheels, lock, out, chunk_mb, lock_name, title, lock_text, ferry_large
+        )
     total = sum(size for _, size in summary)
     for chunk, size in summary:
         print(f"{out / chunk}: {size / MB:.1f} MB")
@@ -988,6 +1058,8 @@ def diff_lists(lock: Lock, filenames: Sequence[str]) -> list[str]:
 def cmd_verify(args) -> int:
     """``verify``: exit 1 if the folder misses, changes or adds wheels relative to the lock."""
     problems = verify_folder(read_lock(Path(args.lock)), Path(args.folder))
+    if args.ignore_extra:  # a folder that also holds other wheels (the training subset)
+        problems = [p for p in problems if not p.startswith("not in lock: ")]
     for problem in problems:
         print(problem)
     print("OK" if not problems else f"{len(problems)} problem(s)")
@@ -1064,11 +1136,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--strip", action="append", default=[], help="DIST:PATTERN members to drop from a wheel"
     )
     b.add_argument("--chunk-mb", type=int, help="max chunk size in MB of 10^6 bytes (default 60)")
+    b.add_argument(
+        "--ferry-large",
+        action="store_true",
+        help="put wheels over a chunk in OUT/big/ for scripts/ferry.py (default: the profile's)",
+    )
     b.set_defaults(func=cmd_build)
 
     v = sub.add_parser("verify", help="check a folder (flat or chunked) against a lock")
     v.add_argument("--lock", required=True)
     v.add_argument("folder")
+    v.add_argument(
+        "--ignore-extra", action="store_true", help="wheels the lock does not list are fine"
+    )
     v.set_defaults(func=cmd_verify)
 
     d = sub.add_parser("diff", help="compare a lock with a list of wheel filenames")

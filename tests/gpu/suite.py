@@ -3,7 +3,7 @@ and speculators-trained drafters (scripts/make_fixtures.py -> $SGLANG_EXT_FIXTUR
 seed case's MLA + MoE target (scripts/make_mla_fixtures.py -> $SGLANG_EXT_MLA_FIXTURES).
 
 All servers start in parallel (fixed KV pools, see `launch`) and are torn down at the
-end. Every run writes tests/gpu/results/integration-<date>-<gpu>.json (or into
+end. Every run writes tests/gpu/results/integration-<date>-<gpu>-sglang<version>.json (or into
 $SGLANG_EXT_RESULTS_DIR) with the figures each test measured.
 """
 
@@ -28,6 +28,8 @@ RESULTS_DIR = Path(os.environ.get("SGLANG_EXT_RESULTS_DIR", Path(__file__).paren
 LOG_DIR = Path(os.environ.get("SGLANG_EXT_LOG_DIR", "/tmp/sglang-ext-logs"))
 PATCHED_SITE = os.environ.get("SGLANG_EXT_PATCHED_SITE")  # dir holding a patched `sglang`
 STARTUP_TIMEOUT = float(os.environ.get("SGLANG_EXT_STARTUP_TIMEOUT", "420"))
+# Two suites on one node (one per SGLang version, issue 15) need disjoint server ports.
+PORT_BASE = int(os.environ.get("SGLANG_EXT_PORT_BASE", "31000"))
 MAX_NEW_TOKENS = 256
 LOSSLESS_PROMPTS = 32  # x 256 tokens at concurrency 1 (llama); the MLA case uses 32 x 128
 MLA_NEW_TOKENS = 128
@@ -151,7 +153,7 @@ def cluster():
     )
     llama, drafter = str(FIXTURES / "llama-target"), str(FIXTURES / "llama-drafter")
     metrics_env = {"SGLANG_EXT_ACCEPTANCE_JSONL": str(JSONL)}
-    port = iter(range(31001, 31100))
+    port = iter(range(PORT_BASE + 1, PORT_BASE + 100))
     servers = [
         Server("nospec", llama, next(port), max_bs=32),
         Server("plugin", llama, next(port), drafter, ["--enable-metrics"], metrics_env, max_bs=32),
@@ -385,6 +387,7 @@ def write_results() -> None:
     }
     data.setdefault("tp2", {"tau_served": None, "note": "not run (fewer than 2 GPUs)"})
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    path = RESULTS_DIR / f"integration-{now.date().isoformat()}-{gpu_slug}.json"
+    sglang = found.get("sglang") or "unknown"
+    path = RESULTS_DIR / f"integration-{now.date().isoformat()}-{gpu_slug}-sglang{sglang}.json"
     path.write_text(json.dumps(data, indent=2, default=str) + "\n")
     print(f"\nresults written to {path}")

@@ -20,6 +20,7 @@ from suite import (
     MAX_NEW_TOKENS,
     MLA_FIXTURES,
     MLA_NEW_TOKENS,
+    PORT_BASE,
     RESULTS,
     TREE,
     Server,
@@ -42,7 +43,7 @@ LOSSLESS_PROMPTS = 32
 def tp2(cluster):
     stop(cluster.values())  # phase 1 is over: TP=2 servers start on empty GPUs
     llama, drafter = str(FIXTURES / "llama-target"), str(FIXTURES / "llama-drafter")
-    port = iter(range(31201, 31300))
+    port = iter(range(PORT_BASE + 201, PORT_BASE + 300))
     metrics_env = {"SGLANG_EXT_ACCEPTANCE_JSONL": str(JSONL_TP2)}
     servers = [
         Server("tp2_nospec", llama, next(port), extra=TP2, max_bs=8),
