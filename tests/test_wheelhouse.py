@@ -466,6 +466,48 @@ def test_write_output_chunks_install_sh_and_lock(tmp_path):
     assert (out / "t.lock").read_text() == "# kept verbatim\n"
 
 
+def test_ferry_large_puts_oversize_wheels_in_big_and_verify_finds_them(tmp_path, monkeypatch):
+    src = tmp_path / "src"
+    small = make_wheel(src, "small", "1.0", {"small/x.py": b"1"})
+    large = make_wheel(src, "large", "1.0", {"large/x.bin": bytes(range(256)) * 40})
+    monkeypatch.setattr(wh, "MB", large.stat().st_size - 1)  # only `large` exceeds one chunk
+    out = tmp_path / "out"
+    with pytest.raises(wh.WheelhouseError, match="large-1.0"):
+        wh.write_output([small, large], make_lock([small, large]), out, 1, "t.lock", "t")
+    summary = wh.write_output(
+        [small, large], make_lock([small, large]), out, 1, "t.lock", "t", ferry_large=True
+    )
+    assert ("big", large.stat().st_size) in summary
+    assert (out / "big" / large.name).is_file() and not list(out.glob(f"c*/{large.name}"))
+    assert wh.verify_folder(wh.read_lock(out / "t.lock"), out) == []
+
+
+def test_verify_ignore_extra_accepts_unlisted_wheels_only(tmp_path, capsys):
+    wheel = make_wheel(tmp_path / "wh")
+    make_wheel(tmp_path / "wh", "extra", "1.0", {"extra/x.py": b"1"})
+    lock_path = tmp_path / "x.lock"
+    lock_path.write_text(wh.render_lock(make_lock([wheel])))
+    args = ["verify", "--lock", str(lock_path), str(tmp_path / "wh")]
+    assert wh.main(args) == 1
+    assert wh.main([*args, "--ignore-extra"]) == 0
+    wheel.write_bytes(wheel.read_bytes() + b"\0")
+    assert wh.main([*args, "--ignore-extra"]) == 1  # a changed listed wheel still fails
+
+
+def test_sglang_0523_profile_ships_what_the_node_cannot_serve_with():
+    profile = wh.PROFILES["h200-cu130-py312-sglang0.5.23"]
+    assert profile.ferry_large and "nvidia-nccl-cu13" in profile.replace_node
+    lock = wh.read_lock(profile.lock)
+    versions = {
+        e.filename.split("-")[0].lower(): e.filename.split("-")[1] for e in lock.entries
+    }
+    assert versions["sglang"] == "0.5.23" and versions["torch"] == "2.14.1"
+    assert versions["nvidia_nccl_cu13"] == "2.30.7" and versions["triton"].startswith("3.8")
+    assert versions["sglang_kernel"] == "0.4.10" and not lock.strips  # FA3 + FlashMLA kept
+    # CUDA libraries the node's torch 2.11 brought are used as they are (lock notes say why)
+    assert not {"nvidia_cudnn_cu13", "nvidia_cublas", "nvidia_cusparselt_cu13"} & set(versions)
+
+
 def _run_install_sh(script: Path, wheels_dir: Path, target: Path, verify="1"):
     env = {
         "PATH": "/usr/bin:/bin",
