@@ -26,7 +26,7 @@ if str(REPO_ROOT) not in sys.path:
 # The offline reference loop, for the parts that train and evaluate against it.
 from sglang_ext_tools import reference as ref  # noqa: E402, F401
 
-VARIANTS = ("llama", "llama3layer", "random", "qwen3", "dsv3", "sglang4layer")
+VARIANTS = ("llama", "llama3layer", "random", "qwen3", "dsv3", "sglang4layer", "window")
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>")  # ids 0, 1, 2
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
 HELDOUT_PERCENT = 5
@@ -62,6 +62,9 @@ class Scale:
     ref_max_new_tokens: int = 128
     ref_lossless_prompts: int = 8
     time_caps: dict[str, float] = dataclasses.field(default_factory=dict)
+    # The `window` variant (fixtures_window): a drafter trained with a binding sliding
+    # window on long sequences, and its long held-out prompts.
+    window: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def _llama_cfg(layers, hidden, heads, kv, inter):
@@ -114,6 +117,7 @@ FULL = Scale(
         "llama-drafter-3layer": dict(steps=600, chunks=8, lr=1.5e-3),
         "qwen3-drafter": dict(steps=400, chunks=8, lr=2e-3),
         "dsv3-drafter": dict(steps=40, chunks=4, lr=2e-3),
+        "window-drafter": dict(steps=500, chunks=4, lr=2e-3),
     },
     heldout_eval_chunks=64,
     # Wall-clock guards (s) per training stage; the planned step counts are expected to
@@ -126,7 +130,15 @@ FULL = Scale(
         "llama-drafter-3layer": 40,
         "qwen3-drafter": 25,
         "dsv3-drafter": 10,
+        "window-drafter": 100,
     },
+    window=dict(
+        sliding_window=256,
+        seq_len=1280,  # training sequences: 5 windows long
+        prompts=24,
+        prompt_len=(1100, 1500),
+        max_new_tokens=128,
+    ),
 )
 
 TINY = Scale(
@@ -169,6 +181,7 @@ TINY = Scale(
         "llama-drafter-3layer": dict(steps=15, chunks=4, lr=3e-3),
         "qwen3-drafter": dict(steps=15, chunks=4, lr=3e-3),
         "dsv3-drafter": dict(steps=5, chunks=2, lr=3e-3),
+        "window-drafter": dict(steps=10, chunks=2, lr=5e-3),
     },
     heldout_eval_chunks=8,
     ref_prompts_main=4,
@@ -176,6 +189,7 @@ TINY = Scale(
     ref_prompts_random=2,
     ref_max_new_tokens=16,
     ref_lossless_prompts=2,
+    window=dict(sliding_window=16, seq_len=96, prompts=2, prompt_len=(80, 100), max_new_tokens=16),
 )
 
 SCALES = {"full": FULL, "tiny": TINY}

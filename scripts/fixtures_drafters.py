@@ -35,7 +35,11 @@ from fixtures_data import sample_batch
 
 
 def make_layer_config(
-    target_dir: Path, num_layers: int, draft_arch: str, full_attention: bool = False
+    target_dir: Path,
+    num_layers: int,
+    draft_arch: str,
+    full_attention: bool = False,
+    sliding_window: int = 2048,
 ):
     """speculators' own draft decoder config builder (train/cli.py).
 
@@ -46,19 +50,22 @@ def make_layer_config(
         from speculators.train.cli import create_transformer_layer_config
     except ImportError as err:  # pragma: no cover - depends on the installed extras
         log(f"speculators.train.cli unavailable ({err}); using the local fallback")
-        return _layer_config_fallback(target_dir, num_layers, draft_arch), f"fallback ({err})"
+        cfg = _layer_config_fallback(target_dir, num_layers, draft_arch, sliding_window)
+        return cfg, f"fallback ({err})"
     cfg = create_transformer_layer_config(
         str(target_dir),
         num_layers,
         draft_arch=draft_arch,
         hidden_act=None,
-        sliding_window=2048,
+        sliding_window=sliding_window,
         full_attention_indices=list(range(num_layers)) if full_attention else [],
     )
     return cfg, "speculators.train.cli.create_transformer_layer_config"
 
 
-def _layer_config_fallback(target_dir: Path, num_layers: int, draft_arch: str):
+def _layer_config_fallback(
+    target_dir: Path, num_layers: int, draft_arch: str, sliding_window: int = 2048
+):
     from copy import deepcopy
 
     from transformers import AutoConfig, LlamaConfig, Qwen3Config
@@ -79,7 +86,7 @@ def _layer_config_fallback(target_dir: Path, num_layers: int, draft_arch: str):
         rms_norm_eps=ver.rms_norm_eps,
         head_dim=getattr(ver, "head_dim", None),
         tie_word_embeddings=False,
-        sliding_window=2048,
+        sliding_window=sliding_window,
         use_sliding_window=True,
         layer_types=["sliding_attention"] * num_layers,
     )
@@ -103,6 +110,7 @@ def build_drafter(
     norm_before_residual: bool = True,
     full_attention: bool = False,
     num_spec_tokens: int = NUM_SPEC_TOKENS,
+    sliding_window: int = 2048,
 ):
     """speculators' Eagle3DraftModel as its trainer builds it (t2d/d2t None: full vocab)."""
     from speculators.config import SpeculatorsConfig, VerifierConfig
@@ -112,7 +120,9 @@ def build_drafter(
 
     # Raises for duplicate / out-of-range explicit ids, exactly like the trainer.
     aux_ids = resolve_target_layer_ids(list(aux_ids), str(target_dir))
-    layer_cfg, source = make_layer_config(target_dir, num_layers, draft_arch, full_attention)
+    layer_cfg, source = make_layer_config(
+        target_dir, num_layers, draft_arch, full_attention, sliding_window
+    )
     layer_cfg._attn_implementation = attn_impl
     config = Eagle3SpeculatorConfig(
         transformer_layer_config=layer_cfg,

@@ -22,6 +22,10 @@ Fixture layout (``--out DIR``)::
       llama4layer-target/           4-layer llama                                 [sglang4layer]
       llama4layer-sglang-drafter/   plain SGLang-format EAGLE-3 drafter (midlayer.*,
                                     no eagle_config -> SGLang default aux ids collapse)
+      window-drafter/               llama-target drafter trained with sliding_window   [window]
+                                    256 on 1280-token sequences (fixtures_window)
+      window-prompts.jsonl          long held-out prompts (1100-1500 tokens)          [window]
+      reference/window-drafter{,-full}.jsonl   its tau with the window / full attention
 
 Aux hidden-state ids (``eagle_aux_hidden_state_layer_ids``) follow the speculators /
 vLLM convention: id ``k`` is the residual stream ENTERING decoder layer ``k``, i.e.
@@ -40,7 +44,8 @@ slow training down).
 
 The build's parts, one idea each (this file is the CLI: stages, manifest, and re-exports):
 ``fixtures_common`` (scales, seeding, JSON), ``fixtures_data`` (stdlib corpus, tokenizer,
-prompts, draft vocabulary), ``fixtures_targets``, ``fixtures_drafters``, ``fixtures_reference``.
+prompts, draft vocabulary), ``fixtures_targets``, ``fixtures_drafters``, ``fixtures_reference``,
+``fixtures_window`` (the sliding-window drafter's long prompts and two references).
 
 Usage::
 
@@ -133,6 +138,14 @@ from fixtures_targets import (  # noqa: E402
     token_kwargs,
     train_causal_lm,
 )
+from fixtures_window import (  # noqa: E402
+    WINDOW_DRAFTER,
+    WINDOW_PROMPTS,
+    check_positions,
+    make_long_prompts,
+    window_reference,
+    write_prompts,
+)
 
 __all__ = [
     "AUX_IDS",
@@ -189,6 +202,12 @@ __all__ = [
     "train_tokenizer",
     "write_json",
     "write_sglang_eagle3_drafter",
+    "WINDOW_DRAFTER",
+    "WINDOW_PROMPTS",
+    "check_positions",
+    "make_long_prompts",
+    "window_reference",
+    "write_prompts",
     "main",
     "parse_args",
     "versions",
@@ -319,6 +338,7 @@ def main(argv=None) -> int:  # noqa: C901 - a linear sequence of stages
             qwen3_train={**scale.qwen3_train, "batch": 2},
             llama4_train={**scale.llama4_train, "batch": 2},
             drafter_train={k: {**v, "chunks": 1} for k, v in scale.drafter_train.items()},
+            window={**scale.window, "prompts": 1},
         )
 
     def steps_for(n: int) -> int:
@@ -330,7 +350,7 @@ def main(argv=None) -> int:  # noqa: C901 - a linear sequence of stages
         args.loss_impl if args.loss_impl != "auto" else ("fused" if device == "cuda" else "eager")
     )
     variants = set(args.variants)
-    need_llama = bool(variants & {"llama", "llama3layer", "random"})
+    need_llama = bool(variants & {"llama", "llama3layer", "random", "window"})
     out: Path = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     owned = [
@@ -347,12 +367,17 @@ def main(argv=None) -> int:  # noqa: C901 - a linear sequence of stages
         "dsv3-drafter",
         "llama4layer-target",
         "llama4layer-sglang-drafter",
+        WINDOW_DRAFTER,
+        WINDOW_PROMPTS,
     ]
     existing = [d for d in owned if (out / d).exists()]
     if existing and not args.overwrite:
         raise SystemExit(f"{out} already has {existing}; pass --overwrite to replace them")
     for d in existing:
-        shutil.rmtree(out / d)
+        if (out / d).is_dir():
+            shutil.rmtree(out / d)
+        else:
+            (out / d).unlink()
 
     def cap(name: str) -> float | None:
         c = scale.time_caps.get(name)
@@ -387,6 +412,8 @@ def main(argv=None) -> int:  # noqa: C901 - a linear sequence of stages
                     "qwen3-drafter": 14,
                     "dsv3-drafter": 15,
                     "llama4layer-sglang-drafter": 16,
+                    "window-drafter": 17,
+                    "window-prompts": 18,
                 },
                 "rule": "each stage calls seed_all(seed + offset) and uses "
                 "torch.Generator(seed + offset) for batch sampling",
@@ -502,6 +529,17 @@ def main(argv=None) -> int:  # noqa: C901 - a linear sequence of stages
         "rule": "top draft_vocab_size training-token frequencies (ties -> lower id), "
         "ascending; d2t[i] + i = target id",
     }
+    window_prompts: list[dict[str, Any]] = []
+    if "window" in variants:
+        wcfg = scale.window
+        window_prompts = make_long_prompts(
+            hf_tok, corpus.heldout, wcfg["prompts"], wcfg["prompt_len"], args.seed + 18
+        )
+        manifest.data["window"] = {
+            "prompts": write_prompts(out / WINDOW_PROMPTS, window_prompts),
+            "sliding_window": wcfg["sliding_window"],
+            "train_seq_len": wcfg["seq_len"],
+        }
     stage_done("data", t0)
     log(f"data: {train_stream.numel()} train tokens, {len(prompts)} prompts")
 
@@ -560,6 +598,8 @@ def main(argv=None) -> int:  # noqa: C901 - a linear sequence of stages
         aux_ids: list[int],
         train: bool,
         offset: int,
+        sliding_window: int = 2048,
+        seq_len: int = scale.seq_len,
     ):
         t0 = time.perf_counter()
         drafter, source = build_drafter(
@@ -571,6 +611,7 @@ def main(argv=None) -> int:  # noqa: C901 - a linear sequence of stages
             d2t=d2t,
             attn_impl=args.draft_attn_impl,
             seed=args.seed + offset,
+            sliding_window=sliding_window,
         )
         info = drafter_summary(drafter, target_name, source)
         if train:
@@ -582,7 +623,7 @@ def main(argv=None) -> int:  # noqa: C901 - a linear sequence of stages
                 heldout_eval,
                 steps=steps_for(tc["steps"]),
                 chunks=tc["chunks"],
-                seq_len=scale.seq_len,
+                seq_len=seq_len,
                 lr=tc["lr"],
                 device=device,
                 seed=args.seed + offset,
@@ -627,6 +668,23 @@ def main(argv=None) -> int:  # noqa: C901 - a linear sequence of stages
         make_drafter("llama-drafter-3layer", "llama-target", 3, "llama", llama_aux, True, 12)
     if "random" in variants:
         make_drafter("random-drafter", "llama-target", 1, "llama", llama_aux, False, 13)
+    if "window" in variants:
+        check_positions(
+            out / "llama-target",
+            window_prompts,
+            args.max_new_tokens or scale.window["max_new_tokens"],
+        )
+        make_drafter(
+            WINDOW_DRAFTER,
+            "llama-target",
+            1,
+            "llama",
+            llama_aux,
+            True,
+            17,
+            sliding_window=scale.window["sliding_window"],
+            seq_len=scale.window["seq_len"],
+        )
 
     # ---------------- qwen3 ----------------
     if "qwen3" in variants:
@@ -687,6 +745,23 @@ def main(argv=None) -> int:  # noqa: C901 - a linear sequence of stages
             )
             manifest.flush()
         stage_done("reference", t0)
+        if WINDOW_DRAFTER in manifest.data["drafters"]:
+            t0 = time.perf_counter()
+            result = window_reference(
+                out,
+                "llama-target",
+                window_prompts,
+                args,
+                args.max_new_tokens or scale.window["max_new_tokens"],
+            )
+            manifest.data["drafters"][WINDOW_DRAFTER]["reference"] = result
+            manifest.data["window"].update(
+                {k: result[k] for k in ("tau_reference_window", "tau_reference_full", "chain")},
+                reference_dtype=result["dtype"],
+                max_new_tokens=result["window"]["max_new_tokens"],
+            )
+            manifest.flush()
+            stage_done("window-reference", t0)
 
     manifest.data["total_wall_s"] = round(time.perf_counter() - t_start, 2)
     manifest.flush()

@@ -46,9 +46,10 @@ safetensors are imported lazily inside the functions that need them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,7 @@ __all__ = [
     "drafter_fc",
     "drafter_to_target_ids",
     "evaluate_tau",
+    "full_attention",
     "greedy_decode",
     "load_drafter",
     "load_target",
@@ -294,6 +296,20 @@ def _layer_masks(drafter, seq_len: int, dtype: torch.dtype, device) -> list[torc
             cache[sliding] = mask[None, None]
         masks.append(cache[sliding])
     return masks
+
+
+@contextlib.contextmanager
+def full_attention(drafter) -> Iterator[None]:
+    """Run ``drafter`` as if every layer were full attention (no sliding window).
+
+    What a server that ignores the trained window computes; the fixtures record both taus.
+    """
+    saved = drafter.sliding_window_indices
+    drafter.sliding_window_indices = []
+    try:
+        yield
+    finally:
+        drafter.sliding_window_indices = saved
 
 
 def _drafter_backbone(

@@ -228,6 +228,38 @@ def test_draft_logits_match_speculators_forward(ref_target_dir, ref_target, vari
     assert checked >= 4 * steps
 
 
+def _chain_step0(drafter, ids, aux, i):
+    """Step-0 draft logits after context pairs 0..i (offset 1, as speculators' forward)."""
+    return ref.draft_chain(drafter, ids[: i + 2], aux[: i + 1], 1, position_offset=1).logits[0]
+
+
+def test_window_reference_is_speculators_masked_forward(ref_target_dir, ref_target):
+    """With context longer than the window, the chain sees only the last ``S`` keys
+    (speculators' ``kv > q - S``), like speculators' own masked forward; under
+    ``full_attention`` it sees everything, like the same weights trained without a binding
+    window -- and the two differ, so the window is really applied."""
+    window = 6
+    windowed = make_drafter(ref_target_dir, num_layers=2, seed=5, sliding_window=window)
+    unwindowed = make_drafter(ref_target_dir, num_layers=2, seed=5, sliding_window=2048)
+    ids = _prompt(11, 32)
+    _, aux = ref.target_forward(ref_target, ids, AUX_IDS)
+    spec_window = _speculators_step_logits(windowed, ids, aux, ttt_steps=1)[0]
+    spec_full = _speculators_step_logits(unwindowed, ids, aux, ttt_steps=1)[0]
+    differing = 0
+    for i in (0, window - 1, window, 17, len(ids) - 3):
+        ours = _chain_step0(windowed, ids, aux, i)
+        torch.testing.assert_close(ours, spec_window[i], atol=1e-5, rtol=0)
+        with ref.full_attention(windowed):
+            ours_full = _chain_step0(windowed, ids, aux, i)
+        torch.testing.assert_close(ours_full, spec_full[i], atol=1e-5, rtol=0)
+        if i < window:  # the whole context fits the window: the same math
+            torch.testing.assert_close(ours, ours_full, atol=1e-6, rtol=0)
+        else:
+            differing += int((ours - ours_full).abs().max() > 1e-3)
+    assert differing == 3
+    assert windowed.sliding_window_indices == [0, 1]  # restored after full_attention
+
+
 def test_position_offset_is_rope_relative(ref_target, ref_drafter):
     target, drafter = ref_target, ref_drafter
     ids = _prompt(11, 30)

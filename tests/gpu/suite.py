@@ -36,6 +36,7 @@ MLA_NEW_TOKENS = 128
 JSONL = LOG_DIR / "acceptance-plugin.jsonl"
 ALARM_JSONL = LOG_DIR / "acceptance-random.jsonl"
 CHAIN, TREE = (3, 1, 4), (3, 4, 5)  # the seed ran topk 4 with 5 draft tokens
+WINDOW_DRAFTER = "window-drafter"  # trained with a binding sliding window (fixtures_window)
 
 RESULTS: dict = {}
 
@@ -193,6 +194,8 @@ def cluster():
             "qwen3", str(FIXTURES / "qwen3-target"), next(port), str(FIXTURES / "qwen3-drafter")
         ),
     ]
+    if (FIXTURES / WINDOW_DRAFTER).exists():  # make_fixtures --variants ...,window
+        servers.append(Server("window", llama, next(port), str(FIXTURES / WINDOW_DRAFTER)))
     if PATCHED_SITE:
         pythonpath = f"{PATCHED_SITE}:{os.environ.get('PYTHONPATH', '')}"
         servers.append(
@@ -218,6 +221,7 @@ def cluster():
                 "random",
                 "three_layer",
                 "qwen3",
+                "window",
                 "mla_stock_seed",
                 "mla_guard_seed",
                 "mla_stock_nocapture",
