@@ -198,3 +198,20 @@ def test_full_attention_drafter_keeps_sglangs_flag_handling(
     assert windows(model) == [8] * len(model.model.layers)  # SGLang's own: the flag, everywhere
     assert model.get_attention_sliding_window_size() == 8
     assert not ours(caplog, "WARNING")
+
+
+@pytest.mark.parametrize(
+    ("version", "served", "warned"),
+    [("0.5.17", "full", True), ("0.5.23", "sliding window 4 on layers [0, 1]", False)],
+)
+def test_doctor_says_what_this_sglang_serves(drafter, monkeypatch, version, served, warned):
+    from sglang_ext import doctor
+    from sglang_ext.speculators_format import load_drafter_spec
+
+    monkeypatch.setattr(compat, "sglang_version", lambda: version)
+    diagnosis = doctor.Diagnosis(drafter=None, target=None)
+    doctor._config_checks(diagnosis, load_drafter_spec(drafter("tiny_window")[0]))
+    assert diagnosis.checks["served_attention"].startswith(served)
+    warnings = [w for w in diagnosis.warnings if "sliding_window=4" in w]
+    assert bool(warnings) is warned
+    assert all(version in w for w in warnings)
