@@ -169,8 +169,9 @@ def convert(
     notes = ["# Converted by sglang-ext convert", f"source: {src}", ""]
     if spec.sliding_layers:
         notes.append(
-            f"Trained with sliding_window={spec.sliding_window}; SGLang serves it as full "
-            "attention (same math up to that many tokens)."
+            f"Trained with sliding_window={spec.sliding_window}; the converted drafter is "
+            "served with full attention (same math up to that many tokens); the plugin serves "
+            "the speculators directory with the window on SGLang >= 0.5.23."
         )
     notes += [f"- differs: {d}" for d in differences] or ["No behaviour differences."]
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sglang_ext import __version__
+from sglang_ext import __version__, compat
 from sglang_ext.aux_capture import TargetInfo, capture_rule_for, sglang_ids_for_capture
 from sglang_ext.checkpoint_files import DrafterLoadError, read_checkpoint
 from sglang_ext.config_fields import DrafterConfigError
@@ -155,20 +155,31 @@ def _aux_layers(diagnosis: Diagnosis, spec: DrafterSpec, target: TargetInfo | No
     diagnosis.aux_layers = info
 
 
+def served_attention(spec: DrafterSpec) -> str:
+    """How the plugin serves the drafter's attention on the installed SGLang."""
+    if not spec.sliding_layers:
+        return "full (as trained)"
+    if compat.supports("draft_layer_window"):
+        return (f"sliding window {spec.sliding_window} on layers {list(spec.sliding_layers)} "
+                "(as trained), full on the others")
+    return "full"
+
+
 def _config_checks(diagnosis: Diagnosis, spec: DrafterSpec) -> None:
     diagnosis.checks.update(
         draft_layers=spec.num_hidden_layers,
         layer_type=spec.layer_type,
         sliding_window=spec.sliding_window,
-        served_attention="full" if spec.sliding_layers else "full (as trained)",
+        served_attention=served_attention(spec),
         expected_parameters=len(expected_parameters(spec)),
     )
-    if spec.sliding_layers:
+    if spec.sliding_layers and not compat.supports("draft_layer_window"):
         diagnosis.warnings.append(
             f"trained with sliding_window={spec.sliding_window} on layers "
-            f"{list(spec.sliding_layers)}; SGLang's EAGLE draft decode has no per-layer window, "
-            f"so it is served as full attention: the same math for contexts up to "
-            f"{spec.sliding_window} tokens, lower acceptance beyond (outputs stay lossless)"
+            f"{list(spec.sliding_layers)}; SGLang {compat.sglang_version()}'s EAGLE draft decode "
+            f"has no per-layer window (0.5.23 has), so it is served as full attention: the same "
+            f"math for contexts up to {spec.sliding_window} tokens, lower acceptance beyond "
+            f"(outputs stay lossless)"
         )
     if spec.speculative_tokens:
         diagnosis.checks["trained_speculative_tokens"] = spec.speculative_tokens
@@ -203,8 +214,9 @@ def math_stock_lacks(spec: DrafterSpec) -> list[str]:
             "embed_requires_grad: stock overwrites the drafter's trained embeddings with the "
             "target's (set_embed)"
         )
-    # The sliding window is not listed: the plugin serves it as full attention too (SGLang's
-    # draft decode has no per-layer window), so stock and plugin agree there.
+    # The sliding window is not listed: before 0.5.23 the plugin serves it as full attention
+    # too, and from 0.5.23 on (served as trained) the difference only shows beyond the window
+    # length, so it is no reason to refuse a conversion (convert's notes say it).
     return lacks
 
 

@@ -101,16 +101,34 @@ class DrafterSpec:
         return tuple(i for i, t in enumerate(self.layer_types) if t == "sliding_attention")
 
     def sglang_window_size(self) -> int | None:
-        """The window in SGLang's convention, or None for full attention everywhere.
+        """The window of each sliding layer's RadixAttention (`sliding_window_size`, what the
+        extend kernels mask with), or None for full attention everywhere.
 
         speculators masks `kv_idx > q_idx - sliding_window` (models/eagle3/attention.py:
-        create_combined_mask_mod), i.e. `sliding_window` keys including the query's own;
-        SGLang's attention backends keep `sliding_window_size + 1` keys (window_left), the
-        convention its Gemma/Mistral models follow by passing `sliding_window - 1`.
+        create_combined_mask_mod): S = `sliding_window` keys including the query's own.
+        SGLang's extend kernels keep `q - k <= sliding_window_size`, i.e. w + 1 keys
+        (kernels/ops/attention/extend_attention.py, the triton backend's draft extend; the
+        flashinfer backend's `window_left` alike), so the layer gets S - 1, the convention its
+        Gemma/Mistral models follow.
         """
         if not self.sliding_layers or self.sliding_window is None:
             return None
         return self.sliding_window - 1
+
+    def sglang_decode_window(self) -> int | None:
+        """The model-level window (`get_attention_sliding_window_size`, which the backend
+        sizes its window index buffers with), or None for full attention everywhere.
+
+        SGLang's triton decode keeps `min(keys, w)` keys including the query's own
+        (layers/attention/triton_backend.py: update_sliding_window_buffer;
+        kernels/ops/speculative/cache_locs.py: generate_draft_decode_window_kv_indices for the
+        multi-step draft), one fewer than its extend kernels for the same w: so the model
+        reports S while each sliding layer masks with S - 1 (`sglang_window_size`), and every
+        path keeps S keys. The extend kernels read a prefix of up to S keys and mask it down.
+        """
+        if not self.sliding_layers or self.sliding_window is None:
+            return None
+        return self.sliding_window
 
     def captured_layers(self, target: TargetInfo) -> list[int]:
         """Target layers (state entering layer k) whose hidden states this drafter consumes."""

@@ -143,7 +143,7 @@ class LlamaForCausalLMEagle3(upstream.LlamaForCausalLMEagle3):
             layer.norm_before_residual = spec.norm_before_residual
             if spec.layer_type == "qwen3":
                 self._add_qk_norm(layer.self_attn, config.rms_norm_eps)
-        self._warn_unapplied_sliding_window(spec)
+        self.served_window = self._serve_sliding_window(spec)
         self.load_plan = LoadPlan(spec)
         self.load_plan.check_model_parameters(name for name, _ in self.named_parameters())
         logger.info(
@@ -163,27 +163,74 @@ class LlamaForCausalLMEagle3(upstream.LlamaForCausalLMEagle3):
         attn.k_norm = RMSNorm(attn.head_dim, eps=eps)
         attn.__class__ = QKNormLlamaAttention
 
-    def _warn_unapplied_sliding_window(self, spec: DrafterSpec) -> None:
-        """speculators' sliding window, where SGLang can apply it.
+    def _serve_sliding_window(self, spec: DrafterSpec) -> int | None:
+        """speculators' per-layer sliding window, where this SGLang can serve it
+        (`compat.supports("draft_layer_window")`, 0.5.23 on); returns the model-level window
+        that `get_attention_sliding_window_size` reports, or None to leave SGLang's own.
 
-        SGLang's EAGLE draft decode (the triton multi-step draft backend, 0.5.17-0.5.23) has
-        no window buffers: a drafter-level window makes the first draft decode crash
-        (`kv_indices` is None in decode_attention). So the window is served as full attention,
-        which is the same math for every context shorter than the window, and the startup log
-        says so. `--speculative-draft-window-size` (SGLang's own flag) still applies.
+        Served: each `sliding_attention` layer masks with S - 1 and the model reports S
+        (DrafterSpec.sglang_window_size / sglang_decode_window say why), so SGLang's draft
+        extend and draft decode both keep speculators' S keys; `full_attention` layers stay
+        full (-1). The trained window wins over `--speculative-draft-window-size` (which
+        SGLang would put on every layer, full ones too), with a warning naming both.
+
+        Not served (0.5.17-0.5.22): the multi-step draft decode builds no window indices (a
+        drafter-level window crashes the first draft decode: `kv_indices` is None in
+        decode_attention), so the window is full attention, the same math for every context
+        shorter than the window, and the startup log says so. The flag, if given, still
+        applies as SGLang applies it.
         """
-        if spec.sglang_window_size() is None or self._draft_window_size is not None:
-            return
-        logger.warning(
-            "sglang_ext: drafter %s was trained with sliding_window=%d on layers %s; SGLang's "
-            "EAGLE draft decode cannot apply a per-layer window, so it attends to the full "
-            "context: identical for contexts up to %d tokens, lower acceptance (never wrong "
-            "output) beyond",
+        if spec.sglang_window_size() is None:
+            return None  # no sliding layer: SGLang's own handling of the flag stands
+        flag = self._draft_window_size
+        if not compat.supports("draft_layer_window"):
+            if flag is None:
+                logger.warning(
+                    "sglang_ext: drafter %s was trained with sliding_window=%d on layers %s; "
+                    "SGLang %s's EAGLE draft decode cannot apply a per-layer window (0.5.23 "
+                    "can), so it attends to the full context: identical for contexts up to %d "
+                    "tokens, lower acceptance (never wrong output) beyond",
+                    spec.source,
+                    spec.sliding_window,
+                    list(spec.sliding_layers),
+                    compat.sglang_version(),
+                    spec.sliding_window,
+                )
+            return None
+        if flag is not None and flag != spec.sliding_window:
+            logger.warning(
+                "sglang_ext: --speculative-draft-window-size=%d differs from the window drafter "
+                "%s was trained with (sliding_window=%d); applying the trained %d on its "
+                "sliding layers %s (full-attention layers stay full), not %d",
+                flag,
+                spec.source,
+                spec.sliding_window,
+                spec.sliding_window,
+                list(spec.sliding_layers),
+                flag,
+            )
+        sliding = set(spec.sliding_layers)
+        for index, layer in enumerate(self.model.layers):
+            window = spec.sglang_window_size() if index in sliding else -1
+            layer.self_attn.attn.sliding_window_size = window
+        full = [i for i in range(len(self.model.layers)) if i not in sliding]
+        logger.info(
+            "sglang_ext: drafter %s sliding window as trained: layers %s attend to the last %d "
+            "keys (SGLang layer sliding_window_size=%d, model window %d), layers %s full",
             spec.source,
+            sorted(sliding),
             spec.sliding_window,
-            list(spec.sliding_layers),
-            spec.sliding_window,
+            spec.sglang_window_size(),
+            spec.sglang_decode_window(),
+            full,
         )
+        return spec.sglang_decode_window()
+
+    def get_attention_sliding_window_size(self):
+        served = getattr(self, "served_window", None)
+        if served is not None:
+            return served
+        return super().get_attention_sliding_window_size()
 
     def set_embed(self, embed):
         if self.load_plan.params["model.embed_tokens.weight"].derived is None:

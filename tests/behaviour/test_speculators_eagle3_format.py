@@ -136,7 +136,7 @@ def test_truncated_and_pickle_only_checkpoints_are_refused(sglang_env, drafter, 
 # -- numerical parity with speculators --------------------------------------------------------
 
 
-# tiny_window (window 4 < the 12-token input) is the documented exception, tested below.
+# tiny_window (window 4 < the 12-token input) is tested below: served as trained or not.
 @pytest.mark.parametrize("name", sorted(set(VARIANTS) - {"tiny_window"}))
 def test_step0_logits_match_speculators(sglang_env, drafter, name):
     directory, reference = drafter(name)
@@ -160,10 +160,34 @@ def test_norm_before_residual_changes_the_output(sglang_env, drafter):
     assert (got - want).abs().max() > 1e-2
 
 
+def window_served() -> bool:
+    """The plugin serves the trained window from SGLang 0.5.23 on (the multi-step draft's
+    window rail); the patch series and older SGLang serve it as full attention."""
+    from importlib.metadata import version
+
+    release = tuple(int(p) for p in version("sglang").split(".")[:3] if p.isdigit())
+    return MODE == "plugin" and release >= (0, 5, 23)
+
+
+@pytest.mark.skipif(not window_served(), reason="the per-layer window is the plugin's own, "
+                    "on SGLang >= 0.5.23 (tests/test_sliding_window.py covers the rest)")
+def test_sliding_window_is_served_as_trained(sglang_env, drafter):
+    """speculators keeps S keys (its own included); SGLang's layer window w keeps w + 1 on
+    extend, so the layer gets S - 1 and the model S (decode keeps min(keys, S))."""
+    directory, reference = drafter("tiny_window")
+    model = served(directory, reference)
+    assert [layer.self_attn.attn.sliding_window_size for layer in model.model.layers] == [3, 3]
+    assert model.get_attention_sliding_window_size() == 4
+    hidden, ids, got = step0(model)
+    torch.testing.assert_close(got, speculators_logits(reference, hidden, ids), atol=1e-4, rtol=0)
+
+
+@pytest.mark.skipif(window_served(), reason="this SGLang serves the window as trained")
 def test_sliding_window_is_served_as_full_attention_and_said_so(sglang_env, drafter, caplog):
-    """SGLang's EAGLE draft decode has no per-layer window (a drafter-level window crashed the
-    first draft decode on an H200), so the window is served as full attention with a startup
-    warning: speculators' math below the window length, its math without the window beyond."""
+    """SGLang < 0.5.23's EAGLE draft decode has no per-layer window (a drafter-level window
+    crashed the first draft decode on an H200), so the window is served as full attention with
+    a startup warning: speculators' math below the window length, its math without the window
+    beyond."""
     directory, reference = drafter("tiny_window")
     with caplog.at_level("WARNING"):
         model = served(directory, reference)
