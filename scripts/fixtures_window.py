@@ -28,20 +28,19 @@ CHAIN = {"num_steps": NUM_SPEC_TOKENS, "topk": 1, "num_draft_tokens": NUM_SPEC_T
 def make_long_prompts(
     hf_tok, heldout: list[tuple[str, str]], count: int, length: tuple[int, int], seed: int
 ) -> list[dict[str, Any]]:
-    """``count`` prompts of ``length[0]..length[1]`` tokens, one per held-out file (files in
-    split order, each long enough), each from a seeded offset inside its file."""
+    """``count`` prompts of ``length[0]..length[1]`` tokens from the held-out files (split
+    order): first one per file long enough, from a seeded offset; when that is not enough
+    (the node's stdlib differs from this machine's), further chunks of the longest files,
+    each disjoint from the chunks already taken from that file."""
     rng = random.Random(seed)
     lo, hi = length
     encoded = _backend(hf_tok).encode_batch([text for _, text in heldout])
+    taken: dict[str, list[tuple[int, int]]] = {}
     prompts: list[dict[str, Any]] = []
-    for (rel, _), enc in zip(heldout, encoded, strict=True):
-        if len(prompts) == count:
-            break
-        size = rng.randint(lo, hi)
-        if len(enc.ids) < size:
-            continue
-        start = rng.randint(0, len(enc.ids) - size)
-        chunk = list(enc.ids[start : start + size])
+
+    def add(rel: str, ids: list[int], start: int, size: int) -> None:
+        chunk = list(ids[start : start + size])
+        taken.setdefault(rel, []).append((start, start + size))
         prompts.append(
             {
                 "id": f"w{len(prompts):03d}",
@@ -51,9 +50,33 @@ def make_long_prompts(
                 "offset": start,
             }
         )
+
+    for (rel, _), enc in zip(heldout, encoded, strict=True):
+        if len(prompts) == count:
+            break
+        size = rng.randint(lo, hi)
+        if len(enc.ids) >= size:
+            add(rel, enc.ids, rng.randint(0, len(enc.ids) - size), size)
+    by_length = sorted(zip(heldout, encoded, strict=True), key=lambda pair: -len(pair[1].ids))
+    progress = True
+    while len(prompts) < count and progress:
+        progress = False
+        for (rel, _), enc in by_length:
+            if len(prompts) == count:
+                break
+            spans = sorted(taken.get(rel, []))
+            size = rng.randint(lo, hi)
+            after = spans[-1][1] if spans else 0
+            if len(enc.ids) - after >= size:
+                add(rel, enc.ids, after, size)
+                progress = True
+            elif spans and spans[0][0] >= size:
+                add(rel, enc.ids, spans[0][0] - size, size)
+                progress = True
     if len(prompts) < count:
         raise RuntimeError(
-            f"only {len(prompts)} held-out files have >= {lo}..{hi} tokens; {count} needed"
+            f"only {len(prompts)} disjoint {lo}..{hi}-token chunks in the held-out files; "
+            f"{count} needed"
         )
     return prompts
 

@@ -74,5 +74,11 @@ def test_long_prompts_refuse_short_files():
     prompts = make_long_prompts(Tok(), files, 2, (200, 250), seed=0)
     assert [p["source"] for p in prompts] == ["b.py", "c.py"]
     assert all(200 <= len(p["input_ids"]) <= 250 for p in prompts)
-    with pytest.raises(RuntimeError, match="held-out files"):
-        make_long_prompts(Tok(), files, 3, (200, 250), seed=0)
+    # more prompts than long files: further chunks of the longest files, never overlapping
+    more = make_long_prompts(Tok(), files, 3, (200, 250), seed=0)
+    spans = sorted(
+        (p["offset"], p["offset"] + len(p["input_ids"])) for p in more if p["source"] == "b.py"
+    )
+    assert len(more) == 3 and len(spans) == 2 and spans[0][1] <= spans[1][0]
+    with pytest.raises(RuntimeError, match="held-out files; 5 needed"):
+        make_long_prompts(Tok(), files, 5, (200, 250), seed=0)
