@@ -362,27 +362,35 @@ dual-install)
         --ignore-extra
     SGLANG_EXT_SITE=/tmp/site bash scripts/gpu_node.sh install-site "$WH"/*.whl &
     p1=$!
-    # 0.5.23's site: its wheels, the training subset's extras (speculators and what it needs,
-    # not its transformers), then the node's CUDA libraries that torch 2.14.1 finds by RPATH
-    # next to itself (the lock's notes say which and why).
+    bash scripts/gpu_node.sh install-523
+    wait "$p1"
+    touch "$INSTALLED"
+    ;;
+install-523)
+    # 0.5.23's site: its wheels, the training subset's extras it lacks (speculators and what
+    # it needs, not its transformers), then the node's CUDA libraries that torch 2.14.1 finds
+    # by RPATH next to itself (the lock's notes say which and why).
     extras=()
     for n in speculators hs_connectors datasets multiprocess pydantic_settings python_dotenv loguru; do
-        extras+=("$WH"/"$n"-*.whl)
+        compgen -G "/tmp/wh523/$n-*.whl" >/dev/null || extras+=("$WH"/"$n"-*.whl)
     done
-    SGLANG_EXT_SITE=/tmp/site523 bash scripts/gpu_node.sh install-site /tmp/wh523/*.whl "${extras[@]}"
+    SITE_CHECK=0 SGLANG_EXT_SITE=/tmp/site523 bash scripts/gpu_node.sh install-site \
+        /tmp/wh523/*.whl "${extras[@]}"
     node_nvidia=$(python3 -c 'import nvidia, os; print(os.path.realpath(list(nvidia.__path__)[0]))')
     for d in "$node_nvidia"/*/; do
         d=${d%/}
         [ -e "/tmp/site523/nvidia/$(basename "$d")" ] || ln -s "$d" "/tmp/site523/nvidia/$(basename "$d")"
     done
     ls /tmp/site523/nvidia
-    wait "$p1"
-    touch "$INSTALLED"
+    SGLANG_EXT_SITE=/tmp/site523 bash scripts/gpu_node.sh site-check
     ;;
 install-site)
     # wheels (--no-deps) + this project into $SGLANG_EXT_SITE; print what imports from there
     python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" "$@"
     python3 -m pip install -q --no-index --no-deps --no-build-isolation --upgrade --target "$SITE" .
+    if [ "${SITE_CHECK:-1}" = 1 ]; then bash scripts/gpu_node.sh site-check; fi
+    ;;
+site-check)
     PYTHONPATH=$SITE python3 - <<'PY'
 import importlib.metadata as md, json, torch
 names = ("sglang", "sglang-ext", "transformers", "tokenizers", "speculators", "sglang-kernel",
