@@ -51,6 +51,11 @@ SPEED=/tmp/speed TRAIN_SITE=/tmp/site-train INSTALLED=/tmp/sglang-installed
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+# nvidia-cutlass-dsl (SGLang 0.5.23's LlamaMLP DualGemm imports `cutlass` on Hopper) puts its
+# packages on sys.path with a .pth file, which a --target site on PYTHONPATH never runs.
+if [ -d "$SITE/nvidia_cutlass_dsl/dsl_packages" ]; then
+    export PYTHONPATH="$PYTHONPATH:$SITE/nvidia_cutlass_dsl/dsl_packages"
+fi
 
 # The detached pipelines run from their own copy: each device call re-syncs the checkout.
 copy_repo() {
@@ -323,6 +328,9 @@ dual-go)
     touch "$SUITE/GO"
     ls "$SUITE"
     ;;
+pyrun)
+    "$@"  # a command with $SGLANG_EXT_SITE's PYTHONPATH
+    ;;
 smoke)
     # SITE GPU: one EAGLE-3 plugin server on the llama fixture (or the bundled demo with dummy
     # weights), one request, its log -> $OUT. Seconds, before the suites start.
@@ -331,7 +339,8 @@ smoke)
         tgt=sglang_ext/data/demo/target drf=sglang_ext/data/demo/drafter load=(--load-format dummy)
     fi
     log="$OUT/smoke-$(basename "$site").log"
-    CUDA_VISIBLE_DEVICES=$gpu PYTHONPATH=$site timeout 280 python3 -m sglang.launch_server \
+    env -u PYTHONPATH CUDA_VISIBLE_DEVICES=$gpu SGLANG_EXT_SITE=$site bash scripts/gpu_node.sh pyrun \
+        timeout 280 python3 -m sglang.launch_server \
         --model-path "$tgt" "${load[@]}" --speculative-draft-model-path "$drf" \
         --speculative-algorithm EAGLE3 --speculative-num-steps 3 --speculative-eagle-topk 1 \
         --speculative-num-draft-tokens 4 --attention-backend triton --sampling-backend pytorch \
@@ -348,6 +357,7 @@ smoke)
         | tee -a "$log" | head -c 600
     echo
     kill "$pid" 2>/dev/null || true
+    pkill -f "[-]-port 30555" || true
     grep -E "sglang_ext|Error|error|accept" "$log" | tail -n 25
     ;;
 dual-install)

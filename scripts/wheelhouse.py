@@ -197,7 +197,7 @@ PROFILES: dict[str, Profile] = {
         node_freeze=REPO_ROOT / "locks" / "node-h200-cu130-py312.freeze.txt",
         pins=[],
         excludes=[
-            "flash-attn-4", "tilelang", "nvidia-cutlass-dsl", "humming-kernels",
+            "flash-attn-4", "tilelang", "humming-kernels",
             "quack-kernels", "quack", "helion", "datasets", "modelscope", "kernels",
             "nvidia-mathdx", "tokenspeed-mla", "cuda-python", "cuda-tile", "nccl4py",
             "nvidia-cudnn-frontend", "smg-grpc-servicer", "py-spy", "torchcodec",
@@ -205,9 +205,15 @@ PROFILES: dict[str, Profile] = {
             # (DeepEP all-to-all, DeepSeek-V4 chat recipes, renderers, nvshmem bindings)
             "sgl-deep-ep", "nccl-extensions", "nvshmem4py-cu13", "deepseek-recipe",
             "tml-renderers",
+            # nvidia-cutlass-dsl names its CUDA 12 libraries unconditionally; the node is
+            # CUDA 13, so its cu13 libraries are added instead (below)
+            "nvidia-cutlass-dsl-libs-cu12",
         ],
         strips=[],
-        adds=["dill"],
+        # 0.5.23's LlamaMLP builds a DualGemm that imports `cutlass` (CuTe DSL) on Hopper at
+        # model construction (sglang/srt/layers/dual_gemm.py:_select_mode): without it the
+        # scheduler dies loading the target (seen on the H200, 2026-12-01).
+        adds=["dill", "nvidia-cutlass-dsl-libs-cu13==4.8.0"],
         keep_node=["numpy"],
         # torch 2.14.1's libtorch_cuda.so calls NCCL 2.29+/2.30 functions (ncclCommGrow,
         # ncclCommSuspend, ncclWinGetUserPtr, ...) that the node's 2.28.9 (torch 2.11's pin)
@@ -229,6 +235,11 @@ PROFILES: dict[str, Profile] = {
             "  cuda-toolkit 13.0.2 libs (cublas 13.1.0.3), nvidia-cudnn-cu13, cusparselt,",
             "  nvshmem 3.4.5.  Shipped although the node has one: nvidia-nccl-cu13 (torch",
             "  2.14.1 calls NCCL 2.30 functions), torchvision (the node's is built for 2.11).",
+            "  The node's versions, as pip listed them there on 2026-12-01:",
+            "  locks/node-h200-cu130-py312.pip-list-2026-12-01.txt.",
+            "nvidia-cutlass-dsl with its cu13 libraries (not cu12): SGLang 0.5.23's LlamaMLP",
+            "  imports `cutlass` on Hopper; its .pth file does not run from a --target site, so",
+            "  gpu_node.sh puts nvidia_cutlass_dsl/dsl_packages on PYTHONPATH.",
         ],
         lock=REPO_ROOT / "locks" / "sglang-0.5.23-h200-cu130-py312.lock",
     ),

@@ -506,6 +506,9 @@ def test_sglang_0523_profile_ships_what_the_node_cannot_serve_with():
     assert versions["sglang_kernel"] == "0.4.10" and not lock.strips  # FA3 + FlashMLA kept
     # CUDA libraries the node's torch 2.11 brought are used as they are (lock notes say why)
     assert not {"nvidia_cudnn_cu13", "nvidia_cublas", "nvidia_cusparselt_cu13"} & set(versions)
+    # 0.5.23's LlamaMLP imports `cutlass` on Hopper: the CuTe DSL with CUDA 13 libraries only
+    assert "nvidia_cutlass_dsl_libs_cu13" in versions
+    assert "nvidia_cutlass_dsl_libs_cu12" not in versions
 
 
 def _run_install_sh(script: Path, wheels_dir: Path, target: Path, verify="1"):
