@@ -1,10 +1,27 @@
-"""Small statistics for benchmark figures: a bootstrap interval of a ratio of paired sums
-(used by scripts/bench_speed.py and the GPU seed-case test)."""
+"""Small statistics for benchmark figures: bootstrap intervals over paired items (used by
+scripts/bench_speed.py, the GPU seed-case test and `tau_compare`)."""
 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def bootstrap_ci(
+    items: Sequence[T], statistic: Callable[[Sequence[T]], float], draws: int = 4000, seed: int = 0
+) -> list[float] | None:
+    """95 % percentile interval of ``statistic`` over ``items`` resampled with replacement
+    (None for fewer than two items)."""
+    if len(items) < 2:
+        return None
+    rng = random.Random(seed)
+    values = sorted(
+        statistic([items[rng.randrange(len(items))] for _ in items]) for _ in range(draws)
+    )
+    return [round(values[int(0.025 * draws)], 4), round(values[int(0.975 * draws) - 1], 4)]
 
 
 def bootstrap_ratio_ci(
@@ -17,12 +34,6 @@ def bootstrap_ratio_ci(
         for a, b in zip(numerator, denominator, strict=False)
         if a is not None and b is not None
     ]
-    if len(pairs) < 2:
-        return None
-    rng = random.Random(seed)
-    ratios = []
-    for _ in range(draws):
-        picks = [pairs[rng.randrange(len(pairs))] for _ in pairs]
-        ratios.append(sum(a for a, _ in picks) / sum(b for _, b in picks))
-    ratios.sort()
-    return [round(ratios[int(0.025 * draws)], 4), round(ratios[int(0.975 * draws) - 1], 4)]
+    return bootstrap_ci(
+        pairs, lambda picks: sum(a for a, _ in picks) / sum(b for _, b in picks), draws, seed
+    )

@@ -21,6 +21,7 @@ import urllib.error
 import pytest
 from harness import timed_tokens_per_s
 from lossless import verdict
+from sglang_ext_tools import tau_compare
 from suite import (
     ALARM_JSONL,
     FIXTURES,
@@ -110,6 +111,8 @@ def test_acceptance_matches_the_reference(cluster):
         "definition": "(accepted draft tokens + verify steps) / verify steps",
         "reference": "sglang_ext_tools.reference chain loop, transformers target + speculators "
         "drafter modules (fixtures.json drafters.llama-drafter.reference)",
+        # recorded: the ratio's interval, and tau on the prompts both sides verified alike
+        "per_prompt": tau_compare.compare(outputs, [ref[p["id"]] for p in chosen]),
     }
     assert ref_info.get("dtype") == "bfloat16", "run make_fixtures.py with --ref-dtype bfloat16"
     assert served >= 2.0

@@ -18,6 +18,7 @@ import pytest
 from lossless import verdict
 from suite import CHAIN, MLA_FIXTURES, MLA_NEW_TOKENS, RESULTS, TREE, load_prompts, served_tau
 
+from sglang_ext_tools import tau_compare
 from sglang_ext_tools.stats import bootstrap_ratio_ci
 
 SPEED_PROMPTS, SPEED_TOKENS, SPEED_ROUNDS = 6, 256, 2
@@ -68,6 +69,8 @@ def test_mla_chain_is_lossless_and_matches_the_reference(mla):
         "relative_difference": round(abs(tau - ref_bf16["tau"]) / ref_bf16["tau"], 4),
         "reference_prompts": n,
         "tau_served_all_prompts": round(served_tau(chain), 4),
+        # recorded: the ratio's interval, and tau on the prompts both sides verified alike
+        "per_prompt": tau_compare.compare(at_ref, _reference_rows(ref_bf16)[:n]),
     }
     RESULTS["lossless_mla"] = {
         **result,
@@ -95,6 +98,11 @@ def test_tree_is_lossless_and_accepts_at_least_the_chain(mla):
     }
     assert result["pass"], result
     assert tau_tree >= tau_chain
+
+
+def _reference_rows(reference: dict) -> list[dict]:
+    path = MLA_FIXTURES / reference["per_prompt_file"]
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def _startup_error(server) -> str | None:

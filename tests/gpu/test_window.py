@@ -17,6 +17,8 @@ import re
 import pytest
 from suite import FIXTURES, RESULTS, WINDOW_DRAFTER, reference, served_tau, tau_of
 
+from sglang_ext_tools import tau_compare
+
 FEATURE = "draft_layer_window"
 # The plugin's startup warning when the window is served as full attention.
 NOT_APPLIED_LOG = re.compile(r"cannot apply a per-layer window")
@@ -73,6 +75,9 @@ def test_window_drafter_served_like_its_windowed_reference(cluster):
         "relative_difference": round(abs(served / ref_window - 1), 4),
         "relative_difference_full": round(abs(served / ref_full - 1), 4),
         "reference_dtype": info.get("reference_dtype"),
+        # recorded: the ratio's interval, and tau on the prompts both sides verified alike
+        "per_prompt": tau_compare.compare(outputs, [window_rows[p["id"]] for p in prompts]),
+        "per_prompt_full": tau_compare.compare(outputs, [full_rows[p["id"]] for p in prompts]),
         "applied": applied,
         "applied_source": applied_source,
         "not_applied_warning_logged": bool(NOT_APPLIED_LOG.search(server.log_text())),
