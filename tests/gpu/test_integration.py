@@ -21,7 +21,6 @@ import urllib.error
 import pytest
 from harness import timed_tokens_per_s
 from lossless import verdict
-from sglang_ext_tools import tau_compare
 from suite import (
     ALARM_JSONL,
     FIXTURES,
@@ -36,6 +35,8 @@ from suite import (
     served_tau,
     tau_of,
 )
+
+from sglang_ext_tools import tau_compare
 
 # -- 1. serves -------------------------------------------------------------------------------
 
