@@ -81,6 +81,13 @@ sync_latest() {
     cp -r scripts sglang_ext sglang_ext_tools tests patches locks pyproject.toml /tmp/repo-next/
     rm -rf /tmp/repo-latest && mv /tmp/repo-next /tmp/repo-latest
 }
+# Up to SECS seconds until the detached pipeline in DIR has written DONE or FAILED.
+wait_for() {
+    for _ in $(seq "$2"); do
+        if [ -f "$1/DONE" ] || [ -f "$1/FAILED" ]; then break; fi
+        sleep 1
+    done
+}
 # The training subset (chunk s1) into its own site, so fixtures start before SGLang is in.
 train_site() {
     mkdir -p "$WH" && cp .wh/s1/*.whl "$WH"/
@@ -112,16 +119,7 @@ ferry-join)
     done
     ;;
 install)
-    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" "$WH"/*.whl
-    python3 -m pip install -q --no-index --no-deps --no-build-isolation --upgrade --target "$SITE" .
-    python3 - <<'PY'
-import importlib.metadata as md, json, torch
-names = ("sglang", "sglang-ext", "transformers", "tokenizers", "speculators", "sglang-kernel",
-         "flashinfer-python")
-print(json.dumps({n: md.version(n) for n in names} | {"torch": torch.__version__,
-      "cuda": torch.cuda.is_available(), "gpus": torch.cuda.device_count()}))
-print([ep.name for ep in md.entry_points(group="sglang.srt.plugins")])
-PY
+    bash scripts/gpu_node.sh install-site "$WH"/*.whl
     touch "$INSTALLED"
     ;;
 suite-start)
@@ -155,11 +153,7 @@ suite-pipeline)
     fi
     ;;
 suite-wait)
-    limit=${1:-540}
-    for _ in $(seq "$limit"); do
-        if [ -f "$SUITE/DONE" ] || [ -f "$SUITE/FAILED" ]; then break; fi
-        sleep 1
-    done
+    wait_for "$SUITE" "${1:-540}"
     grep -h "make_fixtures\|Error\|error" "$SUITE"/fixtures.log "$SUITE"/mla.log 2>/dev/null | tail -n 20
     tail -n 25 "$SUITE/result/pytest.log" 2>/dev/null
     cp "$FIX/fixtures.json" "$MLA/mla-fixtures.json" "$OUT"/ 2>/dev/null || true
@@ -229,11 +223,7 @@ dummy-profile-wait)
     [ -f /tmp/dummy/DONE ]
     ;;
 speed-wait)
-    limit=${1:-540}
-    for _ in $(seq "$limit"); do
-        if [ -f "$SPEED/DONE" ] || [ -f "$SPEED/FAILED" ]; then break; fi
-        sleep 1
-    done
+    wait_for "$SPEED" "${1:-540}"
     tail -n 3 "$SPEED"/*.log 2>/dev/null | grep -v Warning
     tail -n 25 "$SPEED/result/bench.log" 2>/dev/null
     cp "$SPEED"/stage-*.json "$SPEED"/speed-fixtures.json "$OUT"/ 2>/dev/null || true
@@ -408,14 +398,11 @@ names = ("sglang", "sglang-ext", "transformers", "tokenizers", "speculators", "s
 print(json.dumps({n: md.version(n) for n in names} | {"torch": torch.__version__,
       "cuda": torch.cuda.is_available(), "gpus": torch.cuda.device_count(),
       "nccl": torch.cuda.nccl.version()}))
+print([ep.name for ep in md.entry_points(group="sglang.srt.plugins")])
 PY
     ;;
 dual-wait)
-    limit=${1:-540}
-    for _ in $(seq "$limit"); do
-        if [ -f "$SUITE/DONE" ] || [ -f "$SUITE/FAILED" ]; then break; fi
-        sleep 1
-    done
+    wait_for "$SUITE" "${1:-540}"
     grep -h "make_fixtures\|Error\|error" "$SUITE"/fixtures.log "$SUITE"/mla.log 2>/dev/null | tail -n 12
     for v in 0.5.23 0.5.17; do
         echo "== sglang $v"
@@ -425,7 +412,13 @@ dual-wait)
             2>/dev/null || true
     done
     cp "$FIX/fixtures.json" "$MLA/mla-fixtures.json" "$OUT"/ 2>/dev/null || true
-    tar -czf "$OUT/suite-logs.tgz" -C "$SUITE" . --exclude='*.json' 2>/dev/null || true
+    tar -czf "$OUT/suite-logs.tgz" -C "$SUITE" pipeline.log fixtures.log mla.log \
+        sglang0.5.23/patched.log sglang0.5.17/patched.log 2>/dev/null || true
+    for v in 0.5.23 0.5.17; do  # the servers the seed case, window and tau tests read
+        (cd "/tmp/sglang-ext-logs-$v" 2>/dev/null && tar -czf "$OUT/server-logs-$v.tgz" \
+            server-mla_* server-plugin.log server-nospec.log server-window.log server-patched.log) \
+            2>/dev/null || true
+    done
     nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
     [ -f "$SUITE/DONE" ]
     ;;
