@@ -67,6 +67,28 @@ class Scale:
     window: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
+def dsv3_cfg(layers, hidden, inter, moe_inter, heads, experts, q_lora, kv_lora, rope, nope, v):
+    """A DeepseekV3 (MLA + MoE) geometry: top-2 of `experts` routed + 1 shared, first layer
+    dense, as many KV heads as heads."""
+    return dict(
+        num_hidden_layers=layers,
+        hidden_size=hidden,
+        intermediate_size=inter,
+        moe_intermediate_size=moe_inter,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        n_routed_experts=experts,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        first_k_dense_replace=1,
+        q_lora_rank=q_lora,
+        kv_lora_rank=kv_lora,
+        qk_rope_head_dim=rope,
+        qk_nope_head_dim=nope,
+        v_head_dim=v,
+    )
+
+
 def _llama_cfg(layers, hidden, heads, kv, inter):
     return dict(
         num_hidden_layers=layers,
@@ -95,23 +117,7 @@ FULL = Scale(
     qwen3_train=dict(steps=300, batch=32, lr=2e-3),
     llama4=_llama_cfg(4, 256, 4, 2, 768),
     llama4_train=dict(steps=150, batch=32, lr=2e-3),
-    dsv3=dict(
-        num_hidden_layers=6,
-        hidden_size=256,
-        intermediate_size=512,
-        moe_intermediate_size=128,
-        num_attention_heads=8,
-        num_key_value_heads=8,
-        n_routed_experts=8,
-        num_experts_per_tok=2,
-        n_shared_experts=1,
-        first_k_dense_replace=1,
-        q_lora_rank=96,
-        kv_lora_rank=64,
-        qk_rope_head_dim=16,
-        qk_nope_head_dim=32,
-        v_head_dim=32,
-    ),
+    dsv3=dsv3_cfg(6, 256, 512, 128, 8, 8, 96, 64, 16, 32, 32),
     drafter_train={
         "llama-drafter": dict(steps=1200, chunks=8, lr=2e-3),
         "llama-drafter-3layer": dict(steps=600, chunks=8, lr=1.5e-3),
@@ -159,23 +165,7 @@ TINY = Scale(
     qwen3_train=dict(steps=30, batch=16, lr=3e-3),
     llama4=_llama_cfg(4, 64, 4, 2, 128),
     llama4_train=dict(steps=20, batch=16, lr=3e-3),
-    dsv3=dict(
-        num_hidden_layers=6,
-        hidden_size=64,
-        intermediate_size=128,
-        moe_intermediate_size=32,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        n_routed_experts=4,
-        num_experts_per_tok=2,
-        n_shared_experts=1,
-        first_k_dense_replace=1,
-        q_lora_rank=32,
-        kv_lora_rank=16,
-        qk_rope_head_dim=8,
-        qk_nope_head_dim=16,
-        v_head_dim=16,
-    ),
+    dsv3=dsv3_cfg(6, 64, 128, 32, 4, 4, 32, 16, 8, 16, 16),
     drafter_train={
         "llama-drafter": dict(steps=30, chunks=4, lr=5e-3),
         "llama-drafter-3layer": dict(steps=15, chunks=4, lr=3e-3),

@@ -54,6 +54,7 @@ sys.path.insert(0, str(HERE))
 
 import make_fixtures as mf  # noqa: E402
 import make_speed_fixtures as msf  # noqa: E402
+from fixtures_common import dsv3_cfg  # noqa: E402
 
 from sglang_ext_tools import reference as ref  # noqa: E402
 
@@ -96,33 +97,13 @@ def check_served_geometry(cfg: dict[str, Any]) -> None:
         )
 
 
-def _dsv3(layers, hidden, inter, moe_inter, heads, experts, q_lora, kv_lora, rope, nope, v):
-    return dict(
-        num_hidden_layers=layers,
-        hidden_size=hidden,
-        intermediate_size=inter,
-        moe_intermediate_size=moe_inter,
-        num_attention_heads=heads,
-        num_key_value_heads=heads,
-        n_routed_experts=experts,
-        num_experts_per_tok=2,
-        n_shared_experts=1,
-        first_k_dense_replace=1,
-        q_lora_rank=q_lora,
-        kv_lora_rank=kv_lora,
-        qk_rope_head_dim=rope,
-        qk_nope_head_dim=nope,
-        v_head_dim=v,
-    )
-
-
 FULL = MlaScale(
     name="full",
     vocab_size=8192,
     seq_len=512,
     train_char_budget=None,
     # kv_lora_rank + qk_rope_head_dim = 288: see SGLANG_TRITON_MLA_LK.
-    target=_dsv3(6, 384, 1024, 192, 8, 8, 128, 256, 32, 32, 32),
+    target=dsv3_cfg(6, 384, 1024, 192, 8, 8, 128, 256, 32, 32, 32),
     target_train=dict(steps=1200, batch=64, lr=1.5e-3, time_cap=150),
     distill=dict(sequences=1024, prompt_len=128, batch=512, heldout_sequences=64),
     drafter_train=dict(steps=1800, chunks=8, lr=2e-3, ttt_steps=3, time_cap=150),
@@ -136,7 +117,7 @@ TINY = MlaScale(
     vocab_size=512,
     seq_len=64,
     train_char_budget=300_000,
-    target=_dsv3(6, 32, 64, 16, 2, 4, 16, 16, 8, 8, 8),
+    target=dsv3_cfg(6, 32, 64, 16, 2, 4, 16, 16, 8, 8, 8),
     target_train=dict(steps=10, batch=8, lr=1e-2, time_cap=None),
     distill=dict(sequences=8, prompt_len=32, batch=8, heldout_sequences=4),
     drafter_train=dict(steps=6, chunks=4, lr=5e-3, ttt_steps=3, time_cap=None),
