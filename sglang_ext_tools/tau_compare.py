@@ -20,7 +20,9 @@ from sglang_ext_tools.stats import bootstrap_ci
 
 
 def served_counts(output: dict) -> tuple[int, int]:
-    """(accepted draft tokens, verify steps) of one served request."""
+    """(accepted draft tokens, verify steps) of one served request. `spec_accepted_draft_tokens`
+    is added by sglang_ext's metrics (and by the patch series); without it, (completion_tokens
+    - 1) counts the same tokens except where the last verify step was cut at max_new_tokens."""
     meta = output["meta_info"]
     verify = meta["spec_verify_ct"]
     accepted = meta.get("spec_accepted_draft_tokens", meta["completion_tokens"] - 1 - verify)
@@ -31,7 +33,8 @@ def reference_counts(row: dict) -> tuple[int, int]:
     return sum(row["accepted"]), row["cycles"]
 
 
-def _tau(counts: Sequence[tuple[int, int]]) -> float | None:
+def tau(counts: Sequence[tuple[int, int]]) -> float | None:
+    """(accepted + cycles) / cycles over (accepted, cycles) pairs; None without a cycle."""
     cycles = sum(c for _, c in counts)
     return (sum(a for a, _ in counts) + cycles) / cycles if cycles else None
 
@@ -48,9 +51,9 @@ def compare(outputs: Sequence[dict], rows: Sequence[dict]) -> dict:
     ]
 
     def ratio(picks) -> float:
-        return _tau([s for s, _ in picks]) / _tau([r for _, r in picks])
+        return tau([s for s, _ in picks]) / tau([r for _, r in picks])
 
-    tau_s, tau_r = _tau([s for s, _ in pairs]), _tau([r for _, r in pairs])
+    tau_s, tau_r = tau([s for s, _ in pairs]), tau([r for _, r in pairs])
     return {
         "prompts": len(pairs),
         "tau_served": round(tau_s, 4),
@@ -58,6 +61,6 @@ def compare(outputs: Sequence[dict], rows: Sequence[dict]) -> dict:
         "ratio": round(tau_s / tau_r, 4),
         "ratio_ci95": bootstrap_ci(pairs, ratio),
         "identical_prompts": len(same),
-        "tau_served_identical": round(_tau([s for s, _ in same]), 4) if same else None,
-        "tau_reference_identical": round(_tau([r for _, r in same]), 4) if same else None,
+        "tau_served_identical": round(tau([s for s, _ in same]), 4) if same else None,
+        "tau_reference_identical": round(tau([r for _, r in same]), 4) if same else None,
     }

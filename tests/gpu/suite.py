@@ -22,6 +22,8 @@ import pytest
 from harness import OUTCOMES, STOCK_ENV, Server, start_all
 from lossless import self_bound
 
+from sglang_ext_tools import tau_compare
+
 FIXTURES = Path(os.environ.get("SGLANG_EXT_FIXTURES", "/tmp/fixtures"))
 MLA_FIXTURES = Path(os.environ.get("SGLANG_EXT_MLA_FIXTURES", "/tmp/mla"))
 RESULTS_DIR = Path(os.environ.get("SGLANG_EXT_RESULTS_DIR", Path(__file__).parent / "results"))
@@ -110,25 +112,13 @@ def reference(name: str) -> dict[str, dict]:
 
 
 def tau_of(rows) -> float:
-    accepted = sum(sum(r["accepted"]) for r in rows)
-    cycles = sum(r["cycles"] for r in rows)
-    return (accepted + cycles) / cycles
+    return tau_compare.tau([tau_compare.reference_counts(r) for r in rows])
 
 
 def served_tau(outputs: list[dict]) -> float:
-    """Accept length from meta_info: (accepted draft tokens + verify steps) / verify steps.
-
-    `spec_accepted_draft_tokens` is added by sglang_ext's metrics (and by the patch series);
-    without it, (completion_tokens - 1) counts the same tokens except where the last verify
-    step was cut at max_new_tokens."""
-    accepted = verify = 0
-    for out in outputs:
-        meta = out["meta_info"]
-        verify += meta["spec_verify_ct"]
-        accepted += meta.get(
-            "spec_accepted_draft_tokens", meta["completion_tokens"] - 1 - meta["spec_verify_ct"]
-        )
-    return (accepted + verify) / verify
+    """Accept length from meta_info: (accepted draft tokens + verify steps) / verify steps
+    (`tau_compare.served_counts` says where the counts come from)."""
+    return tau_compare.tau([tau_compare.served_counts(o) for o in outputs])
 
 
 class Cluster(dict):
