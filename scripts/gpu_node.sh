@@ -81,6 +81,20 @@ sync_latest() {
     cp -r scripts sglang_ext sglang_ext_tools tests patches locks pyproject.toml /tmp/repo-next/
     rm -rf /tmp/repo-latest && mv /tmp/repo-next /tmp/repo-latest
 }
+# make_fixtures (VARIANTS, bf16 reference) || make_mla_fixtures, on GPU FIX_GPU and MLA_GPU
+# ("": every GPU), logs in $SUITE; sets ok=1 when both succeed.
+train_fixtures() {
+    env ${2:+CUDA_VISIBLE_DEVICES=$2} PYTHONPATH="$TRAIN_SITE" python3 scripts/make_fixtures.py \
+        --out "$FIX" --scale full --device cuda --ref-dtype bfloat16 --overwrite \
+        --variants "$1" >"$SUITE/fixtures.log" 2>&1 &
+    local p1=$!
+    env ${3:+CUDA_VISIBLE_DEVICES=$3} PYTHONPATH="$TRAIN_SITE" python3 \
+        scripts/make_mla_fixtures.py --stage all --out "$MLA" --device cuda >"$SUITE/mla.log" 2>&1 &
+    local p2=$!
+    ok=1
+    wait "$p1" || ok=0
+    wait "$p2" || ok=0
+}
 # Up to SECS seconds until the detached pipeline in DIR has written DONE or FAILED.
 wait_for() {
     for _ in $(seq "$2"); do
@@ -131,16 +145,7 @@ suite-pipeline)
     # ends with DONE or FAILED. Runs detached: `suite-wait` only watches.
     cd /tmp/repo
     # dsv3 (a random MLA target) gave way to make_mla_fixtures' trained one.
-    PYTHONPATH="$TRAIN_SITE" python3 scripts/make_fixtures.py --out "$FIX" --scale full \
-        --device cuda --ref-dtype bfloat16 --overwrite \
-        --variants llama,llama3layer,random,qwen3,sglang4layer >"$SUITE/fixtures.log" 2>&1 &
-    p1=$!
-    PYTHONPATH="$TRAIN_SITE" python3 scripts/make_mla_fixtures.py --stage all --out "$MLA" \
-        --device cuda >"$SUITE/mla.log" 2>&1 &
-    p2=$!
-    ok=1
-    wait "$p1" || ok=0
-    wait "$p2" || ok=0
+    train_fixtures llama,llama3layer,random,qwen3,sglang4layer "" ""
     while [ ! -f "$INSTALLED" ]; do sleep 2; done
     if [ "$ok" = 1 ]; then
         bash scripts/gpu_node.sh patched 0.5.17 >"$SUITE/patched.log" 2>&1 || true
@@ -273,17 +278,7 @@ dual-pipeline)
     # fixtures (GPU 0) || MLA fixtures (GPU 1) -> (after dual-install) the suite on SGLang
     # 0.5.23 (GPU 0) || the suite on 0.5.17 (GPU 1); ends with DONE or FAILED.
     cd /tmp/repo
-    CUDA_VISIBLE_DEVICES=0 PYTHONPATH="$TRAIN_SITE" python3 scripts/make_fixtures.py --out "$FIX" \
-        --scale full --device cuda --ref-dtype bfloat16 --overwrite \
-        --variants "${FIXTURE_VARIANTS:-llama,llama3layer,random,qwen3,sglang4layer,window}" \
-        >"$SUITE/fixtures.log" 2>&1 &
-    p1=$!
-    CUDA_VISIBLE_DEVICES=1 PYTHONPATH="$TRAIN_SITE" python3 scripts/make_mla_fixtures.py \
-        --stage all --out "$MLA" --device cuda >"$SUITE/mla.log" 2>&1 &
-    p2=$!
-    ok=1
-    wait "$p1" || ok=0
-    wait "$p2" || ok=0
+    train_fixtures "${FIXTURE_VARIANTS:-llama,llama3layer,random,qwen3,sglang4layer,window}" 0 1
     touch "$SUITE/FIXTURES-$ok"
     # `dual-go` (after dual-install) releases the suites with the newest checkout it synced.
     while [ ! -f "$SUITE/GO" ]; do sleep 2; done
