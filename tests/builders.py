@@ -3,6 +3,8 @@ from config, saved with its own `save_pretrained`). Nothing is fetched from a hu
 
 from __future__ import annotations
 
+import json
+
 import torch
 
 from sglang_ext.demo import Variant, build_drafter, write_target  # noqa: F401
@@ -40,3 +42,24 @@ def speculators_logits(model, hidden_states: torch.Tensor, input_ids: torch.Tens
     finally:
         handle.remove()
     return captured["logits"][0]
+
+
+def sglang_format_drafter(directory, aux_ids=None):
+    """A config-only SGLang-format EAGLE-3 drafter (64 wide, 1 layer); `aux_ids` goes into
+    eagle_config.eagle_aux_hidden_state_layer_ids, None leaves eagle_config out (SGLang's
+    default capture)."""
+    config = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "hidden_size": 64,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+        "intermediate_size": 128,
+        "vocab_size": 256,
+        "draft_vocab_size": 256,
+    }
+    if aux_ids is not None:
+        config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": aux_ids}
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from builders import sglang_format_drafter
 from mla_drafters import GEOMETRY
 
 from sglang_ext import compat
@@ -165,23 +166,6 @@ def speculators_drafter(tmp_path_factory):
         return cache[key]
 
     return get
-
-
-def sglang_format_drafter(directory, ids):
-    config = {
-        "architectures": ["LlamaForCausalLMEagle3"],
-        "model_type": "llama",
-        "hidden_size": 64,
-        "num_hidden_layers": 1,
-        "num_attention_heads": 4,
-        "intermediate_size": 128,
-        "vocab_size": 256,
-        "draft_vocab_size": 256,
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids},
-    }
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps(config))
-    return directory
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,6 @@ exercised through SGLang's own functions and model classes (on CPU)."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -11,6 +10,7 @@ from importlib.metadata import entry_points
 from types import SimpleNamespace
 
 import pytest
+from builders import sglang_format_drafter
 
 from sglang_ext import compat
 from sglang_ext.speculators_format import DrafterConfigError
@@ -219,18 +219,7 @@ def test_capture_hook_rejects_collapsing_default_ids(registered, tmp_path, monke
     """Stock SGLang 0.5.17, 4-layer target, SGLang-format drafter without aux ids: the first
     request kills the scheduler (mat1 and mat2 shapes cannot be multiplied (4x512 and
     768x256)). With the plugin: a startup error naming the cause."""
-    config = {
-        "architectures": ["LlamaForCausalLMEagle3"],
-        "model_type": "llama",
-        "hidden_size": 64,
-        "num_hidden_layers": 1,
-        "num_attention_heads": 4,
-        "intermediate_size": 128,
-        "vocab_size": 256,
-        "draft_vocab_size": 256,
-    }
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    serve_with(monkeypatch, tmp_path)
+    serve_with(monkeypatch, sglang_format_drafter(tmp_path))
     with pytest.raises(DrafterConfigError) as info:
         configure_capture(sglang_target(4), None)
     assert "collapse to 2 distinct layers" in str(info.value)
