@@ -59,25 +59,10 @@ from fixtures_common import dsv3_cfg  # noqa: E402
 from sglang_ext_tools import reference as ref  # noqa: E402
 
 
-@dataclasses.dataclass(frozen=True)
-class MlaScale:
-    name: str
-    vocab_size: int
-    seq_len: int
-    train_char_budget: int | None
-    target: dict[str, Any]
-    target_train: dict[str, Any]
-    distill: dict[str, int]
-    drafter_train: dict[str, Any]
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MlaScale(msf.TrainScale):
     deep_layers: int
-    placement: tuple[int, ...]
-    aux_ids: tuple[int, ...] = (1, 3, 5)
     seed_aux_ids: tuple[int, ...] = ()  # the seed's one captured layer (deep-target ids)
-    heldout_eval_chunks: int = 32
-    num_prompts: int = 64
-    prompt_len: tuple[int, int] = (128, 256)
-    reference: dict[str, int] = dataclasses.field(default_factory=dict)
-    check_chunks: int = 8
     served: bool = True  # the target must fit SGLang's triton MLA decode (CPU tests: False)
 
 

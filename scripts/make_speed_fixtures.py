@@ -60,8 +60,12 @@ from sglang_ext_tools import reference as ref  # noqa: E402
 from sglang_ext_tools import widen  # noqa: E402
 
 
-@dataclasses.dataclass(frozen=True)
-class SpeedScale:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainScale:
+    """What `base_stage` and `distilled_drafter` read: a small target trained on the stdlib
+    corpus and its drafter distilled on the target's own continuations (this script's speed
+    fixtures and make_mla_fixtures' seed case extend it)."""
+
     name: str
     vocab_size: int
     seq_len: int
@@ -70,16 +74,20 @@ class SpeedScale:
     target_train: dict[str, Any]
     distill: dict[str, int]  # sequences, prompt_len, batch (new tokens = seq_len - prompt_len)
     drafter_train: dict[str, Any]
-    big: widen.Shape
-    big_layers: int
     placement: tuple[int, ...]
-    big_aux_ids: tuple[int, ...] | None
     aux_ids: tuple[int, ...] = (1, 3, 5)
     heldout_eval_chunks: int = 32
     num_prompts: int = 64
     prompt_len: tuple[int, int] = (128, 256)
     reference: dict[str, int] = dataclasses.field(default_factory=dict)
     check_chunks: int = 8
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SpeedScale(TrainScale):
+    big: widen.Shape
+    big_layers: int
+    big_aux_ids: tuple[int, ...] | None
 
 
 FULL = SpeedScale(
