@@ -10,12 +10,18 @@ reference's: the same verification sequence, like for like.
 Served outputs are SGLang ``/generate`` results (``output_ids``, ``meta_info`` with
 ``spec_verify_ct`` and sglang_ext's ``spec_accepted_draft_tokens``); reference rows are the
 fixtures' per-prompt reference lines (``tokens``, ``accepted`` per cycle, ``cycles``).
+
+Verdicts are intervals, not points: ``equivalence`` passes when the 95 % paired bootstrap
+interval of the τ ratio lies inside a stated band (default [0.95, 1.05]), fails when it lies
+outside, and is inconclusive (a failing test: too few prompts) when it straddles an edge;
+``non_inferiority`` passes when the interval's lower end is at least a stated floor.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from sglang_ext.acceptance import per_position_from_steps
 from sglang_ext_tools.stats import bootstrap_ci
 
 
@@ -37,6 +43,83 @@ def tau(counts: Sequence[tuple[int, int]]) -> float | None:
     """(accepted + cycles) / cycles over (accepted, cycles) pairs; None without a cycle."""
     cycles = sum(c for _, c in counts)
     return (sum(a for a, _ in counts) + cycles) / cycles if cycles else None
+
+
+EQUIVALENCE_BAND = (0.95, 1.05)
+
+
+def _ratio_of_sums(picks) -> float:
+    return tau([a for a, _ in picks]) / tau([b for _, b in picks])
+
+
+def ratio_interval(a: Sequence[tuple[int, int]], b: Sequence[tuple[int, int]]) -> dict:
+    """τ(a) / τ(b) over prompt-paired (accepted, cycles) counts, with its 95 % paired
+    bootstrap interval (prompts resampled)."""
+    if len(a) != len(b):
+        raise ValueError(f"{len(a)} counts on one side but {len(b)} on the other")
+    pairs = list(zip(a, b, strict=True))
+    return {
+        "prompts": len(pairs),
+        "tau_a": round(tau(a), 4),
+        "tau_b": round(tau(b), 4),
+        "ratio": round(_ratio_of_sums(pairs), 4),
+        "ci95": bootstrap_ci(pairs, _ratio_of_sums),
+    }
+
+
+def equivalence(
+    a: Sequence[tuple[int, int]],
+    b: Sequence[tuple[int, int]],
+    band: tuple[float, float] = EQUIVALENCE_BAND,
+) -> dict:
+    """Equivalence of τ(a) and τ(b): pass iff the ratio's 95 % interval is inside ``band``."""
+    out = ratio_interval(a, b)
+    low, high = out["ci95"] or (float("nan"), float("nan"))
+    inside = band[0] <= low and high <= band[1]
+    outside = high < band[0] or low > band[1]
+    out.update(
+        band=list(band),
+        verdict="equivalent" if inside else "different" if outside else "inconclusive",
+        ci95_width=round(high - low, 4) if out["ci95"] else None,
+        **{"pass": inside},
+    )
+    return out
+
+
+def non_inferiority(
+    a: Sequence[tuple[int, int]], b: Sequence[tuple[int, int]], floor: float
+) -> dict:
+    """τ(a) not below ``floor`` x τ(b): pass iff the ratio's 95 % interval starts at or
+    above ``floor``."""
+    out = ratio_interval(a, b)
+    out.update(floor=floor, **{"pass": bool(out["ci95"]) and out["ci95"][0] >= floor})
+    return out
+
+
+def per_position(rows: Sequence[Sequence[int]], positions: int) -> list[float | None]:
+    """Pooled acceptance per draft position from per-cycle accepted counts, by the plugin's
+    own definition (`sglang_ext.acceptance.per_position_from_steps`)."""
+    accepted, proposed = per_position_from_steps([a for cycles in rows for a in cycles], positions)
+    return [round(a / p, 4) if p else None for a, p in zip(accepted, proposed, strict=True)]
+
+
+def served_per_position(outputs: Sequence[dict]) -> list[float | None] | None:
+    """Pooled per-position acceptance of served outputs (sglang_ext's meta_info counts)."""
+    accepted = proposed = None
+    for output in outputs:
+        meta = output["meta_info"]
+        a, p = meta.get("spec_accepted_per_position"), meta.get("spec_proposed_per_position")
+        if a is None or p is None:
+            return None
+        accepted = (
+            list(a) if accepted is None else [x + y for x, y in zip(accepted, a, strict=True)]
+        )
+        proposed = (
+            list(p) if proposed is None else [x + y for x, y in zip(proposed, p, strict=True)]
+        )
+    if accepted is None:
+        return None
+    return [round(x / y, 4) if y else None for x, y in zip(accepted, proposed, strict=True)]
 
 
 def compare(outputs: Sequence[dict], rows: Sequence[dict]) -> dict:

@@ -49,3 +49,74 @@ def test_bootstrap_interval_brackets_a_constant_and_needs_two_items():
     assert bootstrap_ci([1.0], lambda xs: xs[0]) is None
     low, high = bootstrap_ratio_ci([2.0, 4.0, 6.0, 8.0], [1.0, 2.0, 3.0, 4.0])
     assert low == high == 2.0
+
+
+def _counts(rng, prompts, cycles, accept_p):
+    """(accepted, cycles) per prompt for a chain of 3 drafts accepting each with accept_p."""
+    out = []
+    for _ in range(prompts):
+        accepted = 0
+        for _ in range(cycles):
+            k = 0
+            while k < 3 and rng.random() < accept_p:
+                k += 1
+            accepted += k
+        out.append((accepted, cycles))
+    return out
+
+
+def test_equivalence_passes_for_the_same_system_and_fails_for_a_worse_one():
+    import random
+
+    from sglang_ext_tools.tau_compare import equivalence
+
+    rng = random.Random(1)
+    same_a, same_b = _counts(rng, 64, 50, 0.6), _counts(rng, 64, 50, 0.6)
+    ok = equivalence(same_a, same_b)
+    assert ok["pass"] and ok["verdict"] == "equivalent", ok
+    assert ok["ci95"][0] <= ok["ratio"] <= ok["ci95"][1]
+    worse = equivalence(_counts(rng, 64, 50, 0.45), same_b)
+    assert not worse["pass"] and worse["verdict"] == "different", worse
+
+
+def test_equivalence_with_too_few_prompts_is_inconclusive_and_fails():
+    from sglang_ext_tools.tau_compare import equivalence
+
+    a = [(10, 10), (40, 10), (0, 10)]
+    b = [(30, 10), (5, 10), (20, 10)]
+    result = equivalence(a, b)
+    assert result["verdict"] == "inconclusive" and not result["pass"]
+
+
+def test_non_inferiority_reads_the_lower_end():
+    import random
+
+    from sglang_ext_tools.tau_compare import non_inferiority
+
+    rng = random.Random(2)
+    better, base = _counts(rng, 64, 50, 0.7), _counts(rng, 64, 50, 0.6)
+    assert non_inferiority(better, base, 0.95)["pass"]
+    assert not non_inferiority(base, better, 0.95)["pass"]
+
+
+def test_per_position_uses_the_plugins_definition():
+    from sglang_ext_tools.tau_compare import per_position, served_per_position
+
+    # cycles accepting 0, 1, 3 drafts of 3: position 1 accepted 2/3, 2: 1/3, 3: 1/3
+    assert per_position([[0, 1], [3]], 3) == [0.6667, 0.3333, 0.3333]
+    outputs = [
+        {
+            "meta_info": {
+                "spec_accepted_per_position": [2, 1, 0],
+                "spec_proposed_per_position": [3, 3, 3],
+            }
+        },
+        {
+            "meta_info": {
+                "spec_accepted_per_position": [1, 1, 1],
+                "spec_proposed_per_position": [1, 1, 1],
+            }
+        },
+    ]
+    assert served_per_position(outputs) == [0.75, 0.5, 0.25]
+    assert served_per_position([{"meta_info": {}}]) is None

@@ -1,0 +1,152 @@
+"""The GPU suite's lossless rule, teacher-forced: every token a speculative server emits is
+scored by the no-speculation server, and must be the target's greedy choice up to a tie
+tolerance measured on the no-speculation server itself.
+
+Why teacher-forced: bf16 greedy output depends on the batch shape and on prefill vs decode,
+so two correct servers part at near-ties, and after the first parting they verify different
+texts. Comparing outputs checks one token per prompt. Scoring instead asks, for every emitted
+token k, "given exactly the prefix this server produced, is token k the target's argmax?":
+
+  the no-speculation server prefills prompt + output once (``return_logprob``,
+  ``logprob_start_len = len(prompt) - 1``, ``top_logprobs_num = 2``, one new token), and
+  gap_k = top-1 logprob - logprob of the emitted token k (0 when k is the argmax).
+
+The tolerance is the largest gap of the no-speculation server's own greedy outputs (decode
+at concurrency 1 and 8) scored the same way: how far decode-time argmaxes sit from
+prefill-time ones in this numeric class. A speculative server passes iff every gap is within
+it. A token replaced by the runner-up at a clear margin fails (`plant_runner_up`).
+
+Alignment (SGLang 0.5.23, ``scheduler_components/logprob_result_processor.py``
+``_process_input_token_logprobs`` / ``_process_input_top_logprobs``): with start s the server
+returns one entry per input position s..n-1, the token ids ``origin_input_ids[s:]``, and the
+values shifted by one (``[None] + raw[:-1]``), so entry j is the logprob of token s + j given
+the tokens before it, and entry 0 is None. With s = len(prompt) - 1, entry j >= 1 scores
+output token j - 1.
+
+Stdlib only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+# float32 log-softmax of the same logits: a difference below this is the same logit.
+EXACT = 1e-6
+
+
+def score_payload(prompt_ids: Sequence[int], output_ids: Sequence[int], top: int = 2) -> dict:
+    """The ``/generate`` request that scores ``output_ids`` after ``prompt_ids``."""
+    if not prompt_ids:
+        raise ValueError("teacher-forced scoring needs a prompt of at least one token")
+    return {
+        "input_ids": [*prompt_ids, *output_ids],
+        "sampling_params": {"temperature": 0.0, "max_new_tokens": 1},
+        "return_logprob": True,
+        "logprob_start_len": len(prompt_ids) - 1,
+        "top_logprobs_num": top,
+    }
+
+
+def scored_rows(
+    prompt_ids: Sequence[int], output_ids: Sequence[int], meta_info: Mapping
+) -> list[tuple[float, list[tuple[float, int]]]]:
+    """Per output token: (its logprob, [(logprob, token id) of the top entries]), read from
+    a scoring response's ``meta_info`` (see the module's alignment note)."""
+    values = meta_info["input_token_logprobs"]
+    tops = meta_info["input_top_logprobs"]
+    expected = len(output_ids) + 1
+    if len(values) != expected or len(tops) != expected:
+        raise ValueError(
+            f"scoring response has {len(values)} input logprobs and {len(tops)} top rows, "
+            f"expected {expected} (the prompt's last token + {len(output_ids)} output tokens)"
+        )
+    if values[0][1] != prompt_ids[-1]:
+        raise ValueError(
+            f"scoring response starts at token {values[0][1]}, expected the prompt's last "
+            f"token {prompt_ids[-1]}: logprob_start_len was not len(prompt) - 1"
+        )
+    rows = []
+    for k, token in enumerate(output_ids):
+        logprob, scored_token = values[k + 1][0], values[k + 1][1]
+        if scored_token != token:
+            raise ValueError(
+                f"scoring response entry {k + 1} is token {scored_token}, output token {k} "
+                f"is {token}: the response is not aligned with the output"
+            )
+        top = sorted(((float(e[0]), int(e[1])) for e in tops[k + 1]), reverse=True)
+        rows.append((float(logprob), top))
+    return rows
+
+
+def gaps(rows: Sequence[tuple[float, list[tuple[float, int]]]]) -> list[float]:
+    """gap_k = top-1 logprob - logprob of the emitted token (0.0 when it is the argmax)."""
+    out = []
+    for logprob, top in rows:
+        gap = top[0][0] - logprob
+        out.append(0.0 if gap < EXACT else gap)
+    return out
+
+
+def tolerance(self_gaps: Sequence[Sequence[float]]) -> dict:
+    """The tie tolerance: the largest gap of the no-speculation server's own outputs."""
+    flat = [g for prompt in self_gaps for g in prompt]
+    if not flat:
+        raise ValueError("no scored tokens to measure the tie tolerance on")
+    return {
+        "tolerance": round(max(flat), 6),
+        "tolerance_from_tokens": len(flat),
+        "self_nonzero_gap_fraction": round(sum(g > 0 for g in flat) / len(flat), 6),
+        "self_gap_histogram": histogram(flat),
+    }
+
+
+def histogram(values: Sequence[float]) -> dict[str, int]:
+    """Counts of gaps: exactly 0, and up to 1/32, 1/16, 1/8, 1/4, 1/2, 1, above 1."""
+    edges = (0.0, 1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0)
+    counts = {f"<={e:g}": 0 for e in edges} | {">1": 0}
+    for v in values:
+        for e in edges:
+            if v <= e + EXACT:
+                counts[f"<={e:g}"] += 1
+                break
+        else:
+            counts[">1"] += 1
+    return counts
+
+
+def verdict(gaps_by_prompt: Mapping[str, Sequence[float]], measured: Mapping) -> dict:
+    """Pass iff every emitted token's gap is within the measured tolerance."""
+    tol = measured["tolerance"]
+    flat = [g for prompt in gaps_by_prompt.values() for g in prompt]
+    failures = {
+        pid: [[k, round(g, 5)] for k, g in enumerate(prompt) if g > tol + EXACT][:8]
+        for pid, prompt in gaps_by_prompt.items()
+    }
+    failures = {pid: f for pid, f in failures.items() if f}
+    return {
+        "rule": "teacher-forced",
+        "prompts": len(gaps_by_prompt),
+        "tokens_checked": len(flat),
+        "tolerance": tol,
+        "tolerance_from_tokens": measured["tolerance_from_tokens"],
+        "max_gap": round(max(flat, default=0.0), 6),
+        "nonzero_gap_fraction": round(sum(g > 0 for g in flat) / max(1, len(flat)), 6),
+        "self_nonzero_gap_fraction": measured["self_nonzero_gap_fraction"],
+        "gap_histogram": histogram(flat),
+        "tokens_above_tolerance": sum(g > tol + EXACT for g in flat),
+        "failures": failures,
+        "pass": bool(flat) and not failures,
+    }
+
+
+def plant_runner_up(
+    output_ids: Sequence[int],
+    rows: Sequence[tuple[float, list[tuple[float, int]]]],
+    min_margin: float,
+) -> tuple[int, list[int]] | None:
+    """A planted bug: the first output token whose top-1 leads the runner-up by at least
+    ``min_margin``, replaced by the runner-up. (position, new output ids), or None."""
+    for k, (_, top) in enumerate(rows):
+        if len(top) >= 2 and top[0][1] == output_ids[k] and top[0][0] - top[1][0] >= min_margin:
+            return k, [*output_ids[:k], top[1][1], *output_ids[k + 1 :]]
+    return None

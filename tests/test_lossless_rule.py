@@ -1,0 +1,138 @@
+"""The GPU suite's teacher-forced lossless rule (sglang_ext_tools.lossless), on responses
+shaped exactly as SGLang 0.5.23 builds them, so the alignment is checked on CPU."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from sglang_ext_tools import lossless
+
+
+def sglang_scoring_response(sequence: list[int], start: int, logits: list[list[float]], top: int):
+    """``meta_info`` of a scoring request as SGLang 0.5.23 fills it
+    (logprob_result_processor._process_input_token_logprobs / _process_input_top_logprobs):
+    raw entry j is computed at position start + j for the NEXT input token; the returned
+    values are ``[None] + raw[:-1]`` against the ids ``sequence[start:]``."""
+
+    def log_softmax(row):
+        m = max(row)
+        z = m + math.log(sum(math.exp(x - m) for x in row))
+        return [x - z for x in row]
+
+    raw_values, raw_tops = [], []
+    for pos in range(start, len(sequence)):
+        lp = log_softmax(logits[pos])
+        nxt = sequence[pos + 1] if pos + 1 < len(sequence) else None
+        raw_values.append(None if nxt is None else lp[nxt])
+        ranked = sorted(range(len(lp)), key=lambda t: -lp[t])[:top]
+        raw_tops.append([[lp[t], t, None] for t in ranked])
+    values = [None, *raw_values[:-1]]
+    tops = [None, *raw_tops[:-1]]
+    ids = sequence[start:]
+    return {
+        "input_token_logprobs": [[v, t, None] for v, t in zip(values, ids, strict=True)],
+        "input_top_logprobs": tops,
+    }
+
+
+def greedy_world(vocab=16, length=40, seed=0):
+    """A fixed 'target': logits at every position; its greedy continuation of a prompt."""
+    rng = random.Random(seed)
+    logits = [[rng.gauss(0, 3) for _ in range(vocab)] for _ in range(length)]
+    prompt = [rng.randrange(vocab) for _ in range(8)]
+    seq = list(prompt)
+    while len(seq) < length:
+        row = logits[len(seq) - 1]
+        seq.append(max(range(vocab), key=row.__getitem__))
+    return prompt, seq[len(prompt) :], logits
+
+
+def score(prompt, output, logits):
+    payload = lossless.score_payload(prompt, output)
+    assert payload["logprob_start_len"] == len(prompt) - 1
+    assert payload["input_ids"] == prompt + output
+    meta = sglang_scoring_response(payload["input_ids"], len(prompt) - 1, logits, 2)
+    return lossless.scored_rows(prompt, output, meta)
+
+
+def test_greedy_output_has_zero_gap_at_every_token():
+    prompt, output, logits = greedy_world()
+    rows = score(prompt, output, logits)
+    assert len(rows) == len(output)
+    assert lossless.gaps(rows) == [0.0] * len(output)
+
+
+def test_the_alignment_is_one_entry_per_output_token():
+    """Entry k scores output token k from the logits at the position before it."""
+    prompt, output, logits = greedy_world()
+    rows = score(prompt, output, logits)
+    for k, (logprob, top) in enumerate(rows):
+        assert top[0][1] == output[k]
+        row = logits[len(prompt) + k - 1]
+        assert logprob == pytest.approx(row[output[k]] - math.log(sum(map(math.exp, row))))
+
+
+def test_a_planted_runner_up_at_a_clear_margin_fails_the_rule():
+    prompt, output, logits = greedy_world()
+    rows = score(prompt, output, logits)
+    measured = lossless.tolerance([lossless.gaps(rows)])
+    assert measured["tolerance"] == 0.0 and measured["tolerance_from_tokens"] == len(output)
+    planted = lossless.plant_runner_up(output, rows, min_margin=0.5)
+    assert planted is not None
+    position, bad = planted
+    bad_rows = score(prompt, bad, logits)
+    result = lossless.verdict({"p0": lossless.gaps(bad_rows)}, measured)
+    assert not result["pass"]
+    assert result["failures"]["p0"][0][0] == position
+    assert result["failures"]["p0"][0][1] >= 0.5
+    assert result["tokens_checked"] == len(bad)
+
+
+def test_a_near_tie_within_the_measured_tolerance_passes():
+    prompt, output, logits = greedy_world()
+    k = 5
+    pos = len(prompt) + k - 1
+    runner = sorted(range(16), key=lambda t: -logits[pos][t])[1]
+    logits[pos][runner] = logits[pos][output[k]] - 0.03  # a near-tie
+    rows = score(prompt, output, logits)
+    tied = [*output[:k], runner, *output[k + 1 :]]
+    # The self outputs met a tie of 0.05 once: the tolerance is 0.05.
+    measured = {
+        "tolerance": 0.05,
+        "tolerance_from_tokens": 1000,
+        "self_nonzero_gap_fraction": 0.001,
+    }
+    result = lossless.verdict({"p0": lossless.gaps(score(prompt, tied, logits))}, measured)
+    assert result["pass"], result
+    assert result["max_gap"] == pytest.approx(0.03, abs=1e-4)
+    assert lossless.gaps(rows)[k] == 0.0
+
+
+def test_every_token_is_checked_not_only_the_first_divergence():
+    prompt, output, logits = greedy_world()
+    rows = score(prompt, output, logits)
+    late = len(output) - 2
+    top = rows[late][1]
+    wrong = [*output[:late], top[1][1], *output[late + 1 :]]
+    measured = lossless.tolerance([lossless.gaps(rows)])
+    result = lossless.verdict(
+        {"ok": lossless.gaps(rows), "late": lossless.gaps(score(prompt, wrong, logits))}, measured
+    )
+    assert list(result["failures"]) == ["late"]
+    assert result["failures"]["late"][0][0] == late
+
+
+def test_a_misaligned_response_is_an_error_not_a_verdict():
+    prompt, output, logits = greedy_world()
+    payload = lossless.score_payload(prompt, output)
+    meta = sglang_scoring_response(payload["input_ids"], len(prompt), logits, 2)  # start + 1
+    with pytest.raises(ValueError, match="expected"):
+        lossless.scored_rows(prompt, output, meta)
+
+
+def test_tolerance_needs_tokens():
+    with pytest.raises(ValueError, match="no scored tokens"):
+        lossless.tolerance([[], []])
