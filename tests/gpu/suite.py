@@ -20,9 +20,8 @@ from pathlib import Path
 
 import pytest
 from harness import OUTCOMES, STOCK_ENV, Server, start_all
-from lossless import self_bound
 
-from sglang_ext_tools import tau_compare
+from sglang_ext_tools import lossless, tau_compare
 
 FIXTURES = Path(os.environ.get("SGLANG_EXT_FIXTURES", "/tmp/fixtures"))
 MLA_FIXTURES = Path(os.environ.get("SGLANG_EXT_MLA_FIXTURES", "/tmp/mla"))
@@ -33,8 +32,13 @@ STARTUP_TIMEOUT = float(os.environ.get("SGLANG_EXT_STARTUP_TIMEOUT", "420"))
 # Two suites on one node (one per SGLang version, issue 15) need disjoint server ports.
 PORT_BASE = int(os.environ.get("SGLANG_EXT_PORT_BASE", "31000"))
 MAX_NEW_TOKENS = 256
-LOSSLESS_PROMPTS = 32  # x 256 tokens at concurrency 1 (llama); the MLA case uses 32 x 128
+# Teacher-forced lossless rule: >= 8,000 scored tokens per server. llama 32 x 256, MLA 64 x 128.
+LOSSLESS_PROMPTS = 32
+MLA_LOSSLESS_PROMPTS = 64
 MLA_NEW_TOKENS = 128
+TAU_PROMPTS, TAU_NEW_TOKENS = 64, 128  # tau equivalence: prompt-paired, like for like
+AUX_DUMP = LOG_DIR / "aux-dump"  # the aux-dump test plugin's files (tests/gpu/auxdump)
+AUX_DUMP_PLUGIN = Path(__file__).parent / "auxdump"
 JSONL = LOG_DIR / "acceptance-plugin.jsonl"
 ALARM_JSONL = LOG_DIR / "acceptance-random.jsonl"
 CHAIN, TREE = (3, 1, 4), (3, 4, 5)  # the seed ran topk 4 with 5 draft tokens
@@ -44,23 +48,38 @@ RESULTS: dict = {}
 
 
 def gpu_info() -> dict:
+    """The GPU this suite's servers ran on: CUDA device 0 of this process (what
+    CUDA_VISIBLE_DEVICES selects, as the servers inherit it), found in NVML by its UUID."""
     import pynvml
+    import torch
 
+    uuid = str(torch.cuda.get_device_properties(0).uuid)
     pynvml.nvmlInit()
-    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByUUID(
+            uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
+        )
+    except pynvml.NVMLError:
+        handle = None
 
     def text(value):
         return value.decode() if isinstance(value, bytes) else value
 
     info = {
-        "name": text(pynvml.nvmlDeviceGetName(handle)),
+        "name": torch.cuda.get_device_name(0),
+        "uuid": uuid,
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "driver": text(pynvml.nvmlSystemGetDriverVersion()),
-        "memory_total_mib": pynvml.nvmlDeviceGetMemoryInfo(handle).total // 2**20,
-        "sm_clock_max_mhz": pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM),
-        "mem_clock_max_mhz": pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_MEM),
-        "sm_clock_now_mhz": pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
-        "count": pynvml.nvmlDeviceGetCount(),
+        "count": torch.cuda.device_count(),
     }
+    if handle is not None:
+        info.update(
+            nvml_index=pynvml.nvmlDeviceGetIndex(handle),
+            memory_total_mib=pynvml.nvmlDeviceGetMemoryInfo(handle).total // 2**20,
+            sm_clock_max_mhz=pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM),
+            mem_clock_max_mhz=pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_MEM),
+            sm_clock_now_mhz=pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
+        )
     pynvml.nvmlShutdown()
     return info
 
@@ -143,7 +162,7 @@ def cluster():
         overwrite=True,  # this suite's own scratch copy from an earlier run
     )
     llama, drafter = str(FIXTURES / "llama-target"), str(FIXTURES / "llama-drafter")
-    metrics_env = {"SGLANG_EXT_ACCEPTANCE_JSONL": str(JSONL)}
+    metrics_env = {"SGLANG_EXT_ACCEPTANCE_JSONL": str(JSONL), **aux_dump_env("plugin")}
     port = iter(range(PORT_BASE + 1, PORT_BASE + 100))
     servers = [
         Server("nospec", llama, next(port), max_bs=32),
@@ -270,6 +289,17 @@ def stop(servers) -> None:
         server.stop()
 
 
+def aux_dump_env(name: str) -> dict[str, str]:
+    """Environment that loads the aux-dump test plugin (tests/gpu/auxdump, an SGLang plugin
+    found through its dist-info on PYTHONPATH) into one server: it saves the target features
+    the drafter's fc receives on the first few draft extends (the item-4 check compares them
+    with the HF target's hidden states)."""
+    return {
+        "PYTHONPATH": f"{AUX_DUMP_PLUGIN}:{os.environ.get('PYTHONPATH', '')}",
+        "SGLANG_EXT_AUX_DUMP": str(AUX_DUMP / name),
+    }
+
+
 def mla_servers(port) -> list[Server]:
     """The seed case (scripts/make_mla_fixtures.py): 61-layer MLA + MoE target, no
     speculation; the plugin with the drafter's trained capture, chain and tree; and the seed's
@@ -279,9 +309,16 @@ def mla_servers(port) -> list[Server]:
     target = str(MLA_FIXTURES / "deep-target")
     drafter, seed = str(MLA_FIXTURES / "deep-drafter"), str(MLA_FIXTURES / "seed-drafter")
     nocapture = str(MLA_FIXTURES / "seed-nocapture-drafter")
-    return [
+    shifted = [
+        # The trained drafter with every aux id one too high / one too low (make_mla_fixtures
+        # places trained layers on both sides of every captured boundary, so both differ).
+        Server(f"mla_{shift}", target, next(port), str(MLA_FIXTURES / f"deep-drafter-{shift}"))
+        for shift in ("plus1", "minus1")
+        if (MLA_FIXTURES / f"deep-drafter-{shift}").exists()
+    ]
+    return shifted + [
         Server("mla_nospec", target, next(port), max_bs=8),
-        Server("mla_chain", target, next(port), drafter, spec=CHAIN),
+        Server("mla_chain", target, next(port), drafter, env=aux_dump_env("mla_chain"), spec=CHAIN),
         Server("mla_tree", target, next(port), drafter, spec=TREE),
         Server(
             "mla_stock_seed",
@@ -313,8 +350,8 @@ def mla_servers(port) -> list[Server]:
 
 @pytest.fixture(scope="session")
 def llama_baseline(cluster):
-    """No-speculation outputs at concurrency 1 (top-2 logprobs) and the near-tie bound from
-    the same server against itself at concurrency 8 (see lossless.py)."""
+    """No-speculation outputs at concurrency 1 and 8, scored teacher-forced by the same
+    server: the tie tolerance of the lossless rule (sglang_ext_tools.lossless)."""
     return baseline(cluster["nospec"], load_prompts()[:LOSSLESS_PROMPTS], MAX_NEW_TOKENS, "llama")
 
 
@@ -322,7 +359,7 @@ def llama_baseline(cluster):
 def mla_baseline(cluster):
     if "mla_nospec" not in cluster:
         pytest.skip(f"no MLA fixtures in {MLA_FIXTURES}: run scripts/make_mla_fixtures.py")
-    prompts = load_prompts(MLA_FIXTURES)[:LOSSLESS_PROMPTS]
+    prompts = load_prompts(MLA_FIXTURES)[:MLA_LOSSLESS_PROMPTS]
     return baseline(cluster["mla_nospec"], prompts, MLA_NEW_TOKENS, "mla")
 
 
@@ -334,25 +371,121 @@ def prometheus_value(text: str, name: str) -> float:
     return total
 
 
+def score(scorer: Server, prompt_ids: list[int], output_ids: list[int]) -> list:
+    """Teacher-forced rows of one output, scored by the no-speculation server ``scorer``."""
+    response = scorer.post("/generate", lossless.score_payload(prompt_ids, output_ids))
+    return lossless.scored_rows(prompt_ids, output_ids, response["meta_info"])
+
+
+def score_all(scorer: Server, prompts: list[list[int]], outputs: list[dict]) -> list[list]:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(8) as pool:
+        return list(
+            pool.map(
+                lambda po: score(scorer, po[0], po[1]["output_ids"]),
+                zip(prompts, outputs, strict=True),
+            )
+        )
+
+
 def baseline(server: Server, prompts: list[dict], max_new_tokens: int, name: str) -> dict:
     assert server.status == "ready", server.log_text()[-3000:]
     ids = [p["input_ids"] for p in prompts]
-    c1 = server.generate_many(ids, max_new_tokens, concurrency=1, top_logprobs=2)
+    c1 = server.generate_many(ids, max_new_tokens, concurrency=1)
     c8 = server.generate_many(ids, max_new_tokens, concurrency=8)
-    bound = self_bound(c1, c8)
-    RESULTS.setdefault("lossless_bound", {})[name] = {
-        **bound,
+    rows_c1, rows_c8 = score_all(server, ids, c1), score_all(server, ids, c8)
+    measured = lossless.tolerance([lossless.gaps(r) for r in rows_c1 + rows_c8])
+    RESULTS.setdefault("lossless_tolerance", {})[name] = {
+        **measured,
+        "prompts": len(prompts),
         "max_new_tokens": max_new_tokens,
-        "rule": "no-speculation server vs itself, concurrency 8 vs 1: largest top-2 logprob "
-        "margin at a first divergence",
+        "rule": "the largest teacher-forced gap (prefill top-1 logprob - logprob of the "
+        "emitted token) of the no-speculation server's own greedy outputs at concurrency 1 "
+        "and 8",
     }
     return {
+        "server": server,
         "prompts": prompts,
         "ids": ids,
         "c1": c1,
-        "bound": bound["bound"],
+        "rows_c1": rows_c1,
+        "tolerance": measured,
         "max_new_tokens": max_new_tokens,
     }
+
+
+def lossless_verdict(base: dict, outputs: list[dict], server_name: str) -> dict:
+    """Every token of ``outputs`` (one per baseline prompt) scored by the baseline's
+    no-speculation server, against its measured tolerance; recorded under lossless.NAME."""
+    rows = score_all(base["server"], base["ids"], outputs)
+    gaps = {p["id"]: lossless.gaps(r) for p, r in zip(base["prompts"], rows, strict=True)}
+    result = lossless.verdict(gaps, base["tolerance"])
+    result.update(max_new_tokens=base["max_new_tokens"], concurrency=1)
+    RESULTS.setdefault("lossless", {})[server_name] = result
+    return result
+
+
+def equivalence(name: str, served: list[tuple[int, int]], other: list[tuple[int, int]], **info):
+    """tau(served) / tau(other) by equivalence, recorded under tau_equivalence.NAME."""
+    result = {**tau_compare.equivalence(served, other), **info}
+    RESULTS.setdefault("tau_equivalence", {})[name] = result
+    return result
+
+
+def like_for_like(
+    target_dir: Path,
+    drafter_dir: Path,
+    prompts: list[dict],
+    outputs: list[dict],
+    steps: int,
+    window: bool = True,
+) -> list[dict]:
+    """The offline reference teacher-forced on the served text (issue item: like for like):
+    the HF target's hidden states and the speculators drafter's proposals on exactly the
+    tokens the server emitted, bf16 on this GPU. One row per prompt (tokens, accepted per
+    cycle, cycles, per_position). ``window=False`` runs the drafter with full attention."""
+    import contextlib
+
+    import torch
+
+    from sglang_ext_tools import reference as ref
+
+    target = ref.load_target(target_dir, device="cuda", dtype="bfloat16")
+    drafter = ref.load_drafter(drafter_dir, device="cuda", dtype="bfloat16")
+    try:
+        with contextlib.nullcontext() if window else ref.full_attention(drafter):
+            return ref.teacher_forced_rows(
+                target, drafter, [p["input_ids"] for p in prompts], outputs, num_steps=steps
+            )
+    finally:
+        del target, drafter
+        torch.cuda.empty_cache()
+
+
+def paired_counts(outputs: list[dict], rows: list[dict]) -> tuple[list, list]:
+    """(served, reference) (accepted, cycles) counts, prompt by prompt."""
+    served = [tau_compare.served_counts(o) for o in outputs]
+    reference_ = [tau_compare.reference_counts(r) for r in rows]
+    return served, reference_
+
+
+def record_like_for_like(name: str, outputs: list[dict], rows: list[dict], steps: int) -> dict:
+    """tau equivalence of served vs like-for-like reference, and per-position acceptance of
+    both, under tau_equivalence.NAME and like_for_like.NAME."""
+    served, reference_ = paired_counts(outputs, rows)
+    result = equivalence(name, served, reference_, reference="like for like (teacher-forced)")
+    RESULTS.setdefault("like_for_like", {})[name] = {
+        "prompts": len(rows),
+        "served_per_position": tau_compare.served_per_position(outputs),
+        "reference_per_position": tau_compare.per_position([r["accepted"] for r in rows], steps),
+        "tau_served": result["tau_a"],
+        "tau_reference": result["tau_b"],
+        "identical_text": all(
+            list(o["output_ids"]) == list(r["tokens"]) for o, r in zip(outputs, rows, strict=True)
+        ),
+    }
+    return result
 
 
 def write_results() -> None:
@@ -371,9 +504,12 @@ def write_results() -> None:
         "versions": found,
         "command": " ".join([sys.executable, "-m", "pytest", *sys.argv[1:]]),
         "flags": {
-            "base": Server("x", "m", 0).command()[9:],
-            "note": "per-server extras in "
-            "startup.servers.*.command; attention backend: triton for every figure",
+            "nospec_command": RESULTS.get("startup", {})
+            .get("servers", {})
+            .get("nospec", {})
+            .get("command"),
+            "note": "every server's own command line is in startup.servers.*.command; "
+            "attention backend: triton for every figure",
         },
         "attention_backend": "triton",
         "outcomes": dict(OUTCOMES),
