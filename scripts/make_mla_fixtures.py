@@ -341,7 +341,13 @@ def write_seed_drafter(
         shutil.rmtree(seed_dir)
     differences = convert(deep_drafter, seed_dir, target=None, force=True)
     # convert's note on its llama-rule id guess: moot, the ids are replaced below.
-    differences = [d for d in differences if not d.startswith("aux ids converted for")]
+    moot = "aux ids converted for"
+    differences = [d for d in differences if not d.startswith(moot)]
+    notes = seed_dir / "CONVERTED.md"
+    if notes.exists():
+        lines = notes.read_text().splitlines()
+        kept = [line for line in lines if not line.startswith(f"- differs: {moot}")]
+        notes.write_text("\n".join(kept) + "\n")
     config = json.loads((seed_dir / "config.json").read_text())
     trained = len(config["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
     config["num_aux_hidden_states"] = trained
