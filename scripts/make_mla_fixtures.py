@@ -7,10 +7,27 @@ Why this shape: the failure this project exists for happened on Kimi-K2.5 (DeepS
 model: MLA attention, MoE with routed + shared experts, first dense layer). A 6-layer
 DeepseekV3ForCausalLM is trained here; served as is, a decode step is launch-bound (a 6-layer
 27M llama runs speculation at 0.88x of no speculation), so it is also deepened
-function-preservingly to DeepSeek-V3's 61 layers: small layer i sits at deep layer 10 i, the
-55 layers in between are identity residual blocks (attention o_proj, every expert's and the
-shared expert's down_proj zero; router and the rest copied from a trained MoE layer). The deep
-target computes exactly what the small one computes and costs what 61 MLA + MoE layers cost.
+function-preservingly to DeepSeek-V3's 61 layers: small layer i sits at deep layer
+placement[i], the 55 layers in between are identity residual blocks (attention o_proj, every
+expert's and the shared expert's down_proj zero; router and the rest copied from a trained MoE
+layer). The deep target computes exactly what the small one computes and costs what 61 MLA +
+MoE layers cost.
+
+Placement exposes off-by-one aux ids. The drafter is trained on small aux ids [1, 3, 5]
+(speculators id k: the state entering decoder layer k); in the deep target they become
+placement[k]. An identity block leaves the state unchanged, so if the layer before a captured
+one were an identity block, the id one too low would capture the very same tensor and no test
+could see it. The small layers therefore sit in adjacent pairs around every captured boundary:
+FULL (0, 1, 29, 30, 49, 50) -> deep aux ids [1, 30, 50]; each of 0/2, 29/31, 49/51 enters a
+layer across a trained layer from the captured one, so it carries a different state. Small
+layer 0 (the dense one, first_k_dense_replace = 1) stays at deep 0, so the lowest captured id
+is 1 and its -1 neighbour is 0 (the embedding output): with identity blocks no other placement
+makes both neighbours of the first captured id differ (any id below a captured p > 1 enters
+an identity block and carries the state entering p). Aux id 0 is valid for the plugin
+(aux_capture.check_capture accepts 0..L-1; SGLang's deepseek_v2 captures at the layer-0
+boundary the residual it prepares, the embeddings). deep-drafter-plus1/ and
+deep-drafter-minus1/ are the deep drafter with every id shifted by +1 / -1: served, their
+acceptance must collapse.
 
 Stages (``--stage``), each writing into ``--out``:
 
@@ -22,7 +39,8 @@ Stages (``--stage``), each writing into ``--out``:
            text, half distillation text; aux ids [1, 3, 5]; full vocabulary; and the offline
            reference tau (sglang_ext_tools.reference chain loop) on held-out prompts, in bf16 (the
            served numeric class; fp32 too with --ref-fp32, and on CPU fp32 only).
-  deepen   deep-target/ (61 layers), deep-drafter/ (the same weights, aux ids [10, 30, 50]),
+  deepen   deep-target/ (61 layers), deep-drafter/ (the same weights, aux ids [1, 30, 50]),
+           deep-drafter-plus1/ and deep-drafter-minus1/ (ids [2, 31, 51] and [0, 29, 49]),
            a bf16 check that deep and small logits agree, and seed-drafter/: the seed's
            configuration -- the drafter in SGLang's own format (``sglang-ext convert
            --force``) whose eagle_config names ONE aux layer while its fc keeps the trained
@@ -93,9 +111,13 @@ FULL = MlaScale(
     distill=dict(sequences=1024, prompt_len=128, batch=512, heldout_sequences=64),
     drafter_train=dict(steps=1800, chunks=8, lr=2e-3, ttt_steps=3, time_cap=150),
     deep_layers=61,
-    placement=(0, 10, 20, 30, 40, 50),
+    # Small layers in pairs around the captured boundaries 1, 30, 50 (module docstring).
+    placement=(0, 1, 29, 30, 49, 50),
     seed_aux_ids=(50,),
-    reference=dict(prompts=16, max_new_tokens=128, steps=3),
+    # 64 held-out prompts (TrainScale.num_prompts, all that `base` writes) for tau by
+    # equivalence. The bf16 reference took 43.5 s for 16 x 128 on the H200 (2026-12-01,
+    # stage drafter 163 s), so 64 cost ~175 s: ~130 s more GPU time per fixture build.
+    reference=dict(prompts=64, max_new_tokens=128, steps=3),
 )
 TINY = MlaScale(
     name="tiny",
@@ -107,7 +129,7 @@ TINY = MlaScale(
     distill=dict(sequences=8, prompt_len=32, batch=8, heldout_sequences=4),
     drafter_train=dict(steps=6, chunks=4, lr=5e-3, ttt_steps=3, time_cap=None),
     deep_layers=9,
-    placement=(0, 2, 3, 4, 6, 7),
+    placement=(0, 1, 3, 4, 6, 7),  # deep aux ids [1, 4, 7]; +1: [2, 5, 8], -1: [0, 3, 6]
     seed_aux_ids=(7,),
     heldout_eval_chunks=4,
     num_prompts=4,
@@ -123,6 +145,26 @@ def deep_aux_ids(scale: MlaScale) -> list[int]:
     """Speculators id k (state entering small layer k) -> the deep layer small layer k sits
     at: identity blocks before it leave the state entering it unchanged."""
     return [scale.placement[k] for k in scale.aux_ids]
+
+
+# The drafters served with every deep aux id shifted: (directory, shift).
+SHIFTED_DRAFTERS = (("deep-drafter-plus1", 1), ("deep-drafter-minus1", -1))
+
+
+def check_neighbours_differ(scale: MlaScale) -> None:
+    """Each captured deep id's neighbours (id - 1, id + 1) must enter a layer across a trained
+    layer from it; else they carry the same state (identity blocks) and a shift is invisible."""
+    trained = set(scale.placement)
+    for deep_id in deep_aux_ids(scale):
+        below, above = deep_id - 1, deep_id + 1
+        # state entering j differs from entering j + 1 iff layer j is a trained layer
+        if below < 0 or below not in trained or deep_id not in trained:
+            raise ValueError(
+                f"placement {scale.placement}: aux id {deep_id} and {below} carry the same "
+                "state (or one does not exist)"
+            )
+        if above >= scale.deep_layers:  # DeepSeek classes capture no state after the last
+            raise ValueError(f"aux id {above} is beyond the {scale.deep_layers} deep layers")
 
 
 # --------------------------------------------------------------------------------------
@@ -276,7 +318,10 @@ def write_deep_drafter(small_dir: Path, deep_dir: Path, aux_ids: list[int], targ
 
 
 def write_seed_drafter(
-    deep_drafter: Path, seed_dir: Path, target: Path, ids: list[int], capture: bool = True
+    deep_drafter: Path,
+    seed_dir: Path,
+    ids: list[int],
+    capture: bool = True,
 ):
     """The seed's configuration: the trained drafter in SGLang's format, its fc built for the
     layers it was trained on (``num_aux_hidden_states``, which SGLang's llama_eagle3 reads),
@@ -284,12 +329,25 @@ def write_seed_drafter(
     weight, the target hands over one layer as wide as the drafter, and
     ``if hidden_states.shape[-1] != embeds.shape[-1]`` skips fc without a word. With
     ``capture=False`` the config switches capture off instead (``use_aux_hidden_state``, read
-    by SGLang's spec_aux_hidden_state.py): the target hands over its final hidden state."""
+    by SGLang's spec_aux_hidden_state.py): the target hands over its final hidden state.
+
+    ``ids`` are written as given (SGLang-format eagle_config ids). The conversion runs without
+    the target: the deep drafter's first aux id 1 is not expressible in eagle_config ids for
+    a DeepSeek class (aux_capture.sglang_ids_for_capture refuses it), and the ids convert
+    would derive are replaced here anyway."""
     from sglang_ext.convert import convert
 
     if seed_dir.exists():
         shutil.rmtree(seed_dir)
-    differences = convert(deep_drafter, seed_dir, target=target, force=True)
+    differences = convert(deep_drafter, seed_dir, target=None, force=True)
+    # convert's note on its llama-rule id guess: moot, the ids are replaced below.
+    moot = "aux ids converted for"
+    differences = [d for d in differences if not d.startswith(moot)]
+    notes = seed_dir / "CONVERTED.md"
+    if notes.exists():
+        lines = notes.read_text().splitlines()
+        kept = [line for line in lines if not line.startswith(f"- differs: {moot}")]
+        notes.write_text("\n".join(kept) + "\n")
     config = json.loads((seed_dir / "config.json").read_text())
     trained = len(config["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
     config["num_aux_hidden_states"] = trained
@@ -325,15 +383,22 @@ def function_check(small_dir: Path, deep_dir: Path, chunks: torch.Tensor, device
 
 def stage_deepen(args, scale: MlaScale) -> dict[str, Any]:
     out = args.out
+    check_neighbours_differ(scale)
     target = write_deep_target(out / "small-target", out / "deep-target", scale)
     ids = deep_aux_ids(scale)
     write_deep_drafter(out / "small-drafter", out / "deep-drafter", ids, out / "deep-target")
-    seed = write_seed_drafter(
-        out / "deep-drafter", out / "seed-drafter", out / "deep-target", list(scale.seed_aux_ids)
-    )
-    nocapture = write_seed_drafter(
-        out / "deep-drafter", out / "seed-nocapture-drafter", out / "deep-target", ids, False
-    )
+    shifted = {}
+    for name, shift in SHIFTED_DRAFTERS:
+        shifted_ids = [k + shift for k in ids]
+        write_deep_drafter(out / "small-drafter", out / name, shifted_ids, out / "deep-target")
+        shifted[name.removeprefix("deep-drafter-")] = {
+            "dir": name,
+            "eagle_aux_hidden_state_layer_ids": shifted_ids,
+            "shift": shift,
+        }
+    seed = write_seed_drafter(out / "deep-drafter", out / "seed-drafter", list(scale.seed_aux_ids))
+    # Capture off: the ids only give fc's count; the plugin refuses on use_aux_hidden_state.
+    nocapture = write_seed_drafter(out / "deep-drafter", out / "seed-nocapture-drafter", ids, False)
     streams = torch.load(out / "streams.pt")
     chunks = mf.heldout_chunks(streams["heldout"], scale.seq_len, scale.check_chunks)
     check = function_check(out / "small-target", out / "deep-target", chunks, args.device)
@@ -345,6 +410,9 @@ def stage_deepen(args, scale: MlaScale) -> dict[str, Any]:
             "eagle_aux_hidden_state_layer_ids": ids,
             "small_aux_ids": list(scale.aux_ids),
         },
+        # Off-by-one drafters: keys "plus1" / "minus1", each {dir, eagle_aux_hidden_state_layer_ids,
+        # shift}; the same weights as deep-drafter.
+        "shifted_drafters": shifted,
         "seed_drafter": seed,
         "seed_nocapture_drafter": nocapture,
         "function_check": check,

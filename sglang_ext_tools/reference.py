@@ -59,6 +59,7 @@ import torch
 __all__ = [
     "ChainOutput",
     "SpecResult",
+    "aux_hidden_states",
     "collect_hidden_states",
     "default_aux_layer_ids",
     "draft_chain",
@@ -72,6 +73,8 @@ __all__ = [
     "load_target",
     "speculative_generate",
     "target_forward",
+    "teacher_forced_acceptance",
+    "teacher_forced_rows",
     "use_eager_experts",
 ]
 
@@ -251,6 +254,26 @@ def target_forward(target, ids: Sequence[int] | torch.Tensor, aux_layer_ids: Seq
     logits, hidden = collect_hidden_states(target, input_ids)
     aux = torch.cat([hidden[k][0] for k in aux_layer_ids], dim=-1)
     return logits[0].float(), aux
+
+
+@torch.no_grad()
+def aux_hidden_states(
+    target, ids: Sequence[int] | torch.Tensor, aux_layer_ids: Sequence[int]
+) -> dict[int, torch.Tensor]:
+    """The target's hidden states at speculators aux ids for one prompt: ``{k: [N, H]}``.
+
+    ``k`` is the residual stream entering decoder layer ``k`` (``k = num_layers``: the last
+    layer's output before the final norm), in the model's dtype -- what an SGLang target
+    captures for the drafter at that id (``layers_to_capture`` = the same boundaries). E.g.
+    ``aux_hidden_states(load_target(dir, "cuda", "bfloat16"), prompt_ids, [1, 30, 50])`` to
+    set against SGLang's captured aux states on the same prompt (issue 21 item 4).
+    """
+    device = next(target.parameters()).device
+    input_ids = torch.as_tensor(
+        list(ids) if not torch.is_tensor(ids) else ids, dtype=torch.long, device=device
+    ).reshape(1, -1)
+    _, hidden = collect_hidden_states(target, input_ids)
+    return {int(k): hidden[k][0] for k in aux_layer_ids}
 
 
 # --------------------------------------------------------------------------------------
@@ -495,6 +518,143 @@ def speculative_generate(
         # seq[:-1] is a prefix of the verified sequence.
         aux = aux_full[: len(seq) - 1]
     return _summarize(prompt_len, emitted, accepted, emitted_per_cycle, num_steps)
+
+
+@torch.no_grad()
+def teacher_forced_acceptance(
+    target,
+    drafter,
+    prompt_ids: Sequence[int],
+    continuation_ids: Sequence[int],
+    num_steps: int = 3,
+    aux_layer_ids: Sequence[int] | None = None,
+    position_offset: int = 0,
+    proposer: Proposer | None = None,
+    judge_past_end: bool = True,
+) -> dict[str, Any]:
+    """The chain loop of :func:`speculative_generate`, teacher-forced on a given continuation
+    (e.g. the tokens a server emitted), so served and reference acceptance are counted on the
+    same text.
+
+    One target forward over ``prompt + continuation`` gives the aux states at every position
+    (causal: what a KV-cached server computes). ``continuation[0]`` is the prefill's token;
+    from there, each cycle the drafter proposes ``num_steps`` tokens from the context so far
+    (:func:`draft_chain`, or ``proposer``), ``accepted`` is the longest prefix of proposals
+    equal to the continuation's next tokens, and the loop advances ``accepted + 1`` tokens,
+    the last cycle cut at the continuation's end (``speculative_generate`` at
+    ``max_new_tokens = len(continuation)``). Where a cycle's proposals reach past the end
+    with every in-range one accepted, the rest are judged as ``speculative_generate`` judges
+    them, by the target's greedy tokens after ``prompt + continuation + proposals`` (one
+    verify forward, that cycle only; ``judge_past_end=False`` stops counting at the end
+    instead). So on the target's own greedy output the result is speculative_generate's.
+
+    Returns one row in the per-prompt reference format (``tokens``, ``accepted`` per cycle,
+    ``cycles``, ``tau``; see tau_compare.reference_counts) plus ``emitted`` per cycle,
+    ``accepted_per_position`` / ``proposed_per_position`` (acceptance.py's counts: a cycle
+    that accepted ``a`` counts positions 1..a accepted, every position proposed),
+    ``per_position`` (their ratio, positions 1..S: P(draft j accepted), cumulative, the
+    definition of the served per-position logs), ``per_position_conditional`` (accepted at
+    j / cycles that accepted j - 1; None where no cycle reached j), and
+    ``target_disagreements``: continuation positions where the target's greedy token
+    differs from the given one (0 for a lossless server up to near-ties).
+    """
+    if num_steps < 1:
+        raise ValueError("num_steps must be >= 1")
+    if aux_layer_ids is None:
+        aux_layer_ids = drafter_aux_layer_ids(drafter, target)
+    prompt = [int(t) for t in prompt_ids]
+    cont = [int(t) for t in continuation_ids]
+    accepted: list[int] = []
+    emitted_per_cycle: list[int] = []
+    disagreements = 0
+    if cont:
+        logits, aux_all = target_forward(target, prompt + cont, aux_layer_ids)
+        greedy = torch.argmax(logits[len(prompt) - 1 : -1], dim=-1).tolist()
+        disagreements = sum(int(g != t) for g, t in zip(greedy, cont, strict=True))
+    done = 1  # continuation tokens emitted so far (the prefill's first)
+    while 0 < done < len(cont):
+        seq = prompt + cont[:done]
+        aux = aux_all[: len(seq) - 1]
+        if proposer is None:
+            drafts = draft_chain(drafter, seq, aux, num_steps, position_offset).target_ids
+        else:
+            drafts = [int(t) for t in proposer(list(seq), aux, num_steps)]
+        if len(drafts) != num_steps:
+            raise ValueError(f"proposer returned {len(drafts)} drafts, expected {num_steps}")
+        left = len(cont) - done
+        n_acc = 0
+        while n_acc < min(num_steps, left) and drafts[n_acc] == cont[done + n_acc]:
+            n_acc += 1
+        if judge_past_end and n_acc == left < num_steps:
+            verify, _ = target_forward(target, prompt + cont + drafts[left:], aux_layer_ids)
+            preds = torch.argmax(verify[len(prompt) + len(cont) - 1 :], dim=-1).tolist()
+            while n_acc < num_steps and drafts[n_acc] == preds[n_acc - left]:
+                n_acc += 1
+        accepted.append(n_acc)
+        step = min(n_acc + 1, left)
+        emitted_per_cycle.append(step)
+        done += step
+    cycles = len(accepted)
+    acc_pp = [sum(1 for a in accepted if a > j) for j in range(num_steps)]
+    reached = [sum(1 for a in accepted if a >= j) for j in range(num_steps)]
+    return {
+        "prompt_len": len(prompt),
+        "tokens": cont,
+        "accepted": accepted,
+        "cycles": cycles,
+        "emitted": emitted_per_cycle,
+        "num_steps": num_steps,
+        "tau": (sum(accepted) + cycles) / cycles if cycles else None,
+        "accepted_per_position": acc_pp,
+        "proposed_per_position": [cycles] * num_steps,
+        "per_position": [a / cycles for a in acc_pp] if cycles else [None] * num_steps,
+        "per_position_conditional": [
+            (a / r) if r else None for a, r in zip(acc_pp, reached, strict=True)
+        ],
+        "target_disagreements": disagreements,
+    }
+
+
+def teacher_forced_rows(
+    target,
+    drafter,
+    prompts: Sequence[Sequence[int] | dict],
+    outputs: Sequence[dict],
+    num_steps: int = 3,
+    aux_layer_ids: Sequence[int] | None = None,
+    position_offset: int = 0,
+) -> list[dict[str, Any]]:
+    """Teacher-forced reference rows for a batch of served outputs, prompt by prompt.
+
+    ``prompts[i]``: token ids, or a prompts.jsonl record (``input_ids``, optional ``id``);
+    ``outputs[i]``: its SGLang ``/generate`` result (``output_ids``; ``meta_info`` is read
+    only for ``spec_verify_ct``, copied as ``served_cycles``). Rows are
+    :func:`teacher_forced_acceptance`'s, with ``id`` where the prompt has one, so
+    ``tau_compare.compare(outputs, rows)`` sets them against the served counts on the same
+    text (every prompt identical) and ``acceptance.pooled_per_position(rows)`` pools the
+    per-position counts.
+    """
+    if len(prompts) != len(outputs):
+        raise ValueError(f"{len(prompts)} prompts but {len(outputs)} served outputs")
+    rows = []
+    for prompt, output in zip(prompts, outputs, strict=True):
+        ids = prompt["input_ids"] if isinstance(prompt, dict) else prompt
+        row = teacher_forced_acceptance(
+            target,
+            drafter,
+            ids,
+            output["output_ids"],
+            num_steps,
+            aux_layer_ids,
+            position_offset=position_offset,
+        )
+        if isinstance(prompt, dict) and "id" in prompt:
+            row = {"id": prompt["id"], **row}
+        verify = output.get("meta_info", {}).get("spec_verify_ct")
+        if verify is not None:
+            row["served_cycles"] = verify
+        rows.append(row)
+    return rows
 
 
 @torch.no_grad()

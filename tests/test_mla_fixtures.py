@@ -112,3 +112,72 @@ def test_served_geometry_fits_sglang_triton_mla_decode(mla_script):
     mla_script.check_served_geometry(mla_script.FULL.target)
     with pytest.raises(SystemExit, match="= 80"):  # the 2026-11-30 fixture's 64 + 16
         mla_script.check_served_geometry({"kv_lora_rank": 64, "qk_rope_head_dim": 16})
+
+
+# -- off-by-one exposure (issue 21 item 5) -------------------------------------------------
+
+
+def test_neighbours_of_every_captured_layer_carry_different_states(mla_fixtures, mla_script):
+    """In the deep target the state entering each captured layer differs from the states
+    entering the layers before and after it, so a drafter served one id off sees other
+    features; and the deep logits are still the small model's."""
+    from sglang_ext_tools import reference as ref
+
+    out, stages = mla_fixtures
+    ids = stages["deepen"]["deep_drafter"]["eagle_aux_hidden_state_layer_ids"]
+    assert ids == [1, 4, 7]
+    prompt = json.loads((out / "prompts.jsonl").read_text().splitlines()[0])["input_ids"]
+    x = torch.tensor([prompt])
+    deep = ref.load_target(out / "deep-target")
+    small = ref.load_target(out / "small-target")
+    with torch.no_grad():
+        deep_logits, hidden = ref.collect_hidden_states(deep, x)
+        small_logits, small_hidden = ref.collect_hidden_states(small, x)
+    assert len(hidden) == 9 + 1
+    for k in ids:
+        for neighbour in (k - 1, k + 1):
+            diff = (hidden[k] - hidden[neighbour]).abs().max().item()
+            assert diff > 1e-2, (k, neighbour, diff)
+    # deep id placement[k] carries small id k (the drafter's training features)
+    for small_id, deep_id in zip(mla_script.TINY.aux_ids, ids, strict=True):
+        torch.testing.assert_close(hidden[deep_id], small_hidden[small_id], atol=0, rtol=0)
+    torch.testing.assert_close(deep_logits, small_logits, atol=0, rtol=0)
+
+
+def test_shifted_drafters_carry_shifted_ids_and_are_servable(mla_fixtures):
+    out, stages = mla_fixtures
+    deep = stages["deepen"]["deep_drafter"]["eagle_aux_hidden_state_layer_ids"]
+    shifted = stages["deepen"]["shifted_drafters"]
+    base_cfg = json.loads((out / "deep-drafter" / "config.json").read_text())
+    for key, shift, expect in (("plus1", 1, [2, 5, 8]), ("minus1", -1, [0, 3, 6])):
+        entry = shifted[key]
+        assert entry == {
+            "dir": f"deep-drafter-{key}",
+            "eagle_aux_hidden_state_layer_ids": expect,
+            "shift": shift,
+        }
+        assert expect == [k + shift for k in deep]
+        config = json.loads((out / entry["dir"] / "config.json").read_text())
+        assert config["eagle_aux_hidden_state_layer_ids"] == expect
+        # otherwise identical to the trained deep drafter
+        assert {k: v for k, v in config.items() if k != "eagle_aux_hidden_state_layer_ids"} == {
+            k: v for k, v in base_cfg.items() if k != "eagle_aux_hidden_state_layer_ids"
+        }
+        assert (out / entry["dir"] / "model.safetensors").read_bytes() == (
+            out / "deep-drafter" / "model.safetensors"
+        ).read_bytes()
+        # the plugin accepts both, id 0 (the embedding output) included
+        report = doctor.diagnose(out / entry["dir"], target=out / "deep-target").to_json()
+        assert report["verdict"] == "OK", report["errors"]
+        assert report["aux_layers"]["captured_layers"] == expect
+
+
+def test_placements_expose_every_shift(mla_script):
+    for scale in (mla_script.FULL, mla_script.TINY):
+        mla_script.check_neighbours_differ(scale)
+    assert mla_script.deep_aux_ids(mla_script.FULL) == [1, 30, 50]
+    assert mla_script.FULL.reference["prompts"] >= 64
+    assert mla_script.FULL.num_prompts >= mla_script.FULL.reference["prompts"]
+    old = mla_script.dataclasses.replace(mla_script.TINY, placement=(0, 2, 3, 4, 6, 7))
+    with pytest.raises(ValueError, match="same"):
+        mla_script.check_neighbours_differ(old)

@@ -414,3 +414,155 @@ def test_evaluate_tau_summary(ref_target, ref_drafter):
     assert summary["total_tokens"] == 27
     assert len(summary["per_prompt"]) == 3
     assert all(len(p["tokens"]) == 9 for p in summary["per_prompt"])
+
+
+# --------------------------------------------------------------------------------------
+# Teacher-forced acceptance on a given continuation (issue 21 item 3)
+# --------------------------------------------------------------------------------------
+
+
+def _pattern_oracle(target, pattern):
+    """Proposes the target's greedy continuation with slot ``pattern[call]`` corrupted."""
+    calls = {"n": 0}
+
+    def oracle(seq, aux, s):
+        cont = ref.greedy_decode(target, seq, s)
+        bad = pattern[calls["n"] % len(pattern)]
+        calls["n"] += 1
+        if bad < s:
+            cont[bad] = (cont[bad] + 1) % VOCAB
+        return cont
+
+    return oracle
+
+
+@pytest.mark.parametrize("num_steps", [1, 3])
+def test_teacher_forced_on_own_greedy_output_is_speculative_generate(
+    ref_target, ref_drafter, num_steps
+):
+    for seed, (n, new) in enumerate([(12, 20), (25, 17), (40, 9)]):
+        prompt = _prompt(400 + seed, n)
+        res = ref.speculative_generate(ref_target, ref_drafter, prompt, num_steps, new)
+        row = ref.teacher_forced_acceptance(ref_target, ref_drafter, prompt, res.tokens, num_steps)
+        assert row["accepted"] == res.accepted_per_cycle
+        assert row["emitted"] == res.emitted_per_cycle
+        assert row["cycles"] == res.num_cycles and row["tokens"] == res.tokens
+        assert row["tau"] == pytest.approx(res.tau)
+        assert row["per_position"] == pytest.approx(res.per_position_acceptance)
+        assert row["target_disagreements"] == 0
+
+
+def test_teacher_forced_matches_oracle_runs_including_the_cut_last_cycle(ref_target, ref_drafter):
+    """Known, varied acceptance (an oracle proposer), and last cycles whose proposals reach
+    past the continuation's end: judged by the target as speculative_generate judges them."""
+    pattern, num_steps = [4, 0, 2, 1, 3, 4, 2, 0], 4
+    prompt = _prompt(5, 16)
+    past_end = 0
+    for new in (38, 39, 40, 41):
+        res = ref.speculative_generate(
+            ref_target,
+            ref_drafter,
+            prompt,
+            num_steps,
+            new,
+            proposer=_pattern_oracle(ref_target, pattern),
+        )
+        row = ref.teacher_forced_acceptance(
+            ref_target,
+            ref_drafter,
+            prompt,
+            res.tokens,
+            num_steps,
+            proposer=_pattern_oracle(ref_target, pattern),
+        )
+        assert row["accepted"] == res.accepted_per_cycle
+        assert row["accepted"] == [pattern[c % len(pattern)] for c in range(row["cycles"])]
+        past_end += int(row["accepted"][-1] >= row["emitted"][-1])
+    assert past_end >= 1  # some last cycle accepted more than it could emit
+
+
+def test_teacher_forced_counts_against_the_given_tokens(ref_target_dir):
+    """Target and drafter always say 0; the given continuation has a 5 at index 6. By hand
+    (S = 3, 12 tokens): cycles start at 1, 5, 7, 11; the second stops at the 5 (accepts 1),
+    the last has one token left and its other proposals are judged by the target (0 = 0)."""
+    target0 = _zero_norm_target(ref_target_dir)
+    perfect = make_drafter(ref_target_dir, keep_zero=True)
+    with torch.no_grad():
+        perfect.norm.weight.zero_()
+    cont = [0] * 12
+    cont[6] = 5
+    prompt = _prompt(9, 10)
+    row = ref.teacher_forced_acceptance(target0, perfect, prompt, cont, 3)
+    assert row["accepted"] == [3, 1, 3, 3] and row["emitted"] == [4, 2, 4, 1]
+    assert row["cycles"] == 4 and row["tau"] == pytest.approx(14 / 4)
+    assert row["accepted_per_position"] == [4, 3, 3]
+    assert row["proposed_per_position"] == [4, 4, 4]
+    assert row["per_position"] == [1.0, 0.75, 0.75]
+    assert row["per_position_conditional"] == [1.0, 0.75, 1.0]
+    assert row["target_disagreements"] == 1  # the target would have said 0 at index 6
+    cut = ref.teacher_forced_acceptance(target0, perfect, prompt, cont, 3, judge_past_end=False)
+    assert cut["accepted"] == [3, 1, 3, 1] and cut["emitted"] == row["emitted"]
+    # the same continuation, served without the 5: what the loop itself produces
+    greedy = ref.speculative_generate(target0, perfect, prompt, 3, 12)
+    assert greedy.tokens == [0] * 12 and greedy.accepted_per_cycle == [3, 3, 3]
+    empty = ref.teacher_forced_acceptance(target0, perfect, prompt, [], 3)
+    assert empty["cycles"] == 0 and empty["tau"] is None
+    one = ref.teacher_forced_acceptance(target0, perfect, prompt, [0], 3)
+    assert one["cycles"] == 0 and one["tokens"] == [0]
+
+
+def test_teacher_forced_rows_from_served_outputs(ref_target, ref_drafter):
+    from sglang_ext.acceptance import pooled_per_position
+    from sglang_ext_tools.tau_compare import compare
+
+    prompts = [{"id": f"p{i:03d}", "input_ids": _prompt(500 + i, 12 + 2 * i)} for i in range(3)]
+    results = [
+        ref.speculative_generate(ref_target, ref_drafter, p["input_ids"], 2, 11) for p in prompts
+    ]
+    outputs = [  # what SGLang's /generate returns (sglang_ext's metrics add the accepted count)
+        {
+            "output_ids": r.tokens,
+            "meta_info": {
+                "completion_tokens": len(r.tokens),
+                "spec_verify_ct": r.num_cycles,
+                "spec_accepted_draft_tokens": sum(r.accepted_per_cycle),
+            },
+        }
+        for r in results
+    ]
+    rows = ref.teacher_forced_rows(ref_target, ref_drafter, prompts, outputs, num_steps=2)
+    assert [r["id"] for r in rows] == ["p000", "p001", "p002"]
+    for row, res in zip(rows, results, strict=True):
+        assert row["accepted"] == res.accepted_per_cycle
+        assert row["served_cycles"] == res.num_cycles
+    summary = compare(outputs, rows)
+    assert summary["identical_prompts"] == 3 and summary["ratio"] == 1.0
+    pooled = pooled_per_position(rows)
+    cycles = sum(r.num_cycles for r in results)
+    assert pooled == pytest.approx(
+        [
+            sum(sum(1 for a in r.accepted_per_cycle if a > j) for r in results) / cycles
+            for j in range(2)
+        ]
+    )
+    bare = ref.teacher_forced_rows(
+        ref_target, ref_drafter, [p["input_ids"] for p in prompts], outputs, num_steps=2
+    )
+    assert "id" not in bare[0] and bare[0]["accepted"] == rows[0]["accepted"]
+    with pytest.raises(ValueError, match="2 prompts but 3"):
+        ref.teacher_forced_rows(ref_target, ref_drafter, prompts[:2], outputs, num_steps=2)
+
+
+def test_aux_hidden_states_are_the_states_entering_the_layers(ref_target):
+    ids = _prompt(3, 15)
+    states = ref.aux_hidden_states(ref_target, ids, [0, 2, LAYERS])
+    with torch.no_grad():
+        out = ref_target(input_ids=torch.tensor([ids]), output_hidden_states=True)
+    assert sorted(states) == [0, 2, LAYERS]
+    torch.testing.assert_close(states[0], out.hidden_states[0][0], atol=0, rtol=0)
+    torch.testing.assert_close(states[2], out.hidden_states[2][0], atol=0, rtol=0)
+    # id L: the last layer's output before the final norm
+    torch.testing.assert_close(ref_target.model.norm(states[LAYERS]), out.hidden_states[-1][0])
+    _, aux = ref.target_forward(ref_target, ids, AUX_IDS)
+    cat = torch.cat(list(ref.aux_hidden_states(ref_target, ids, AUX_IDS).values()), -1)
+    torch.testing.assert_close(cat, aux, atol=0, rtol=0)
