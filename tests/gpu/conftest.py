@@ -18,10 +18,21 @@ def _cuda_available() -> bool:
         return False
 
 
+def _phase(item) -> int:
+    """Run order: the first-phase tests, then `late` (the soak), then `alone` (tests that stop
+    every other server first), then the TP=2 phase (which stops the TP=1 servers)."""
+    if Path(item.path).name == "test_tp2.py":
+        return 3
+    if item.get_closest_marker("alone"):
+        return 2
+    return 1 if item.get_closest_marker("late") else 0
+
+
 def pytest_collection_modifyitems(config, items):
     gpu_items = [item for item in items if HERE in Path(item.path).parents]
     if not gpu_items:
         return
+    items.sort(key=lambda item: _phase(item) if HERE in Path(item.path).parents else -1)
     skip = (
         None
         if _cuda_available()

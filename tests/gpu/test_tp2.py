@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from lossless import verdict
 from suite import (
     CHAIN,
     FIXTURES,
@@ -27,6 +26,7 @@ from suite import (
     baseline,
     gpu_count_safe,
     load_prompts,
+    lossless_verdict,
     prometheus_value,
     running,
     served_tau,
@@ -73,7 +73,7 @@ def _case(tp2, nospec: str, spec: str, prompts, max_new_tokens: int, tau_tp1, na
         assert server.status == "ready", server.log_text()[-3000:]
     base = baseline(tp2[nospec], prompts, max_new_tokens, name)
     outputs = tp2[spec].generate_many(base["ids"], max_new_tokens, concurrency=1)
-    lossless = verdict(base["c1"], outputs, base["bound"], [p["id"] for p in prompts])
+    lossless = lossless_verdict(base, outputs, f"tp2_{name}")
     tau = served_tau(outputs)
     return {
         "tp": 2,

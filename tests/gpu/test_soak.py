@@ -1,0 +1,177 @@
+"""Under load, once per run: 64 concurrent streaming clients on the plugin server for three
+minutes, one request in ten disconnected by its client mid-stream. No server error, exactly
+one acceptance record per finished request (what an aborted one gets is recorded), the
+records' sums equal SGLang's own counters over the same window, GPU memory flat after
+warm-up. Runs after the other first-phase tests (marker `late`, see conftest.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import threading
+import time
+import urllib.request
+
+import pytest
+from suite import JSONL, RESULTS, load_prompts, prometheus_value
+
+SOAK_S = float(os.environ.get("SGLANG_EXT_SOAK_S", "180"))
+STREAMS, ABORT_FRACTION, WARMUP_S = 64, 0.1, 30
+MEMORY_SLACK_MIB = 256  # allocator rounding; a leak grows with the request count
+
+
+def stream(server, rid: str, ids: list[int], max_new_tokens: int, abort_after: int | None):
+    payload = {
+        "rid": rid,
+        "input_ids": ids,
+        "stream": True,
+        "sampling_params": {
+            "temperature": 0.0,
+            "max_new_tokens": max_new_tokens,
+            "ignore_eos": True,
+        },
+    }
+    request = urllib.request.Request(
+        server.url + "/generate",
+        data=json.dumps(payload).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    chunks, last = 0, None
+    with urllib.request.urlopen(request, timeout=300) as resp:
+        for line in resp:
+            line = line.strip()
+            if not line.startswith(b"data:") or line == b"data: [DONE]":
+                continue
+            chunks += 1
+            last = json.loads(line[5:])
+            if abort_after is not None and chunks >= abort_after:
+                return {"rid": rid, "aborted": True, "chunks": chunks}
+    return {
+        "rid": rid,
+        "aborted": False,
+        "completion_tokens": last["meta_info"]["completion_tokens"],
+        "finish_reason": last["meta_info"].get("finish_reason"),
+    }
+
+
+def gpu_memory_used_mib() -> int:
+    import pynvml
+    import torch
+
+    pynvml.nvmlInit()
+    try:
+        uuid = str(torch.cuda.get_device_properties(0).uuid)
+        handle = pynvml.nvmlDeviceGetHandleByUUID(
+            uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
+        )
+        return pynvml.nvmlDeviceGetMemoryInfo(handle).used // 2**20
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def records_by_rid() -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for line in JSONL.read_text().splitlines():
+        if line.strip():
+            record = json.loads(line)
+            out.setdefault(str(record.get("rid")), []).append(record)
+    return out
+
+
+@pytest.mark.late
+def test_soak_64_streams_with_client_aborts(cluster):
+    server = cluster["plugin"]
+    assert server.status == "ready", server.log_text()[-3000:]
+    prompts = [p["input_ids"] for p in load_prompts()]
+    log_offset = len(server.log_text())
+    before = server.metrics_text()
+    results: list[dict] = []
+    errors: list[str] = []
+    memory: list[tuple[float, int]] = []
+    start = time.time()
+    deadline = start + SOAK_S
+    lock = threading.Lock()
+
+    def client(index: int) -> None:
+        rng = random.Random(index)
+        n = 0
+        while time.time() < deadline:
+            rid = f"soak-{index}-{n}"
+            n += 1
+            abort_after = rng.randint(2, 20) if rng.random() < ABORT_FRACTION else None
+            try:
+                out = stream(server, rid, rng.choice(prompts), rng.randint(32, 256), abort_after)
+            except Exception as exc:  # noqa: BLE001 - every client error is a finding
+                with lock:
+                    errors.append(f"{rid}: {exc!r}")
+                continue
+            with lock:
+                results.append(out)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(STREAMS)]
+    for thread in threads:
+        thread.start()
+    while any(t.is_alive() for t in threads):
+        memory.append((round(time.time() - start, 1), gpu_memory_used_mib()))
+        time.sleep(10)
+    for thread in threads:
+        thread.join()
+    time.sleep(8)  # aborted requests settle: SGLang polls for disconnects every few seconds
+    after = server.metrics_text()
+    log = server.log_text()[log_offset:]
+    records = records_by_rid()
+    finished = [r for r in results if not r["aborted"]]
+    aborted = [r for r in results if r["aborted"]]
+    soak_records = {rid: recs for rid, recs in records.items() if rid.startswith("soak-")}
+    finished_counts = [len(soak_records.get(r["rid"], [])) for r in finished]
+    aborted_counts = [len(soak_records.get(r["rid"], [])) for r in aborted]
+    flat = [rec for recs in soak_records.values() for rec in recs]
+
+    def delta(name: str) -> float:
+        return prometheus_value(after, name) - prometheus_value(before, name)
+
+    verify_delta = delta("sglang:spec_verify_calls_total")
+    tokens_delta = delta("sglang:generation_tokens_total")
+    summed_verify = sum(r["verify_steps"] for r in flat)
+    summed_tokens = sum(r["completion_tokens"] for r in flat)
+    warm = [m for t, m in memory if t >= WARMUP_S]
+    RESULTS["soak"] = {
+        "seconds": SOAK_S,
+        "streams": STREAMS,
+        "abort_fraction": ABORT_FRACTION,
+        "requests": len(results),
+        "finished": len(finished),
+        "aborted_by_client": len(aborted),
+        "client_errors": errors[:10],
+        "client_error_count": len(errors),
+        "finished_with_one_record": sum(c == 1 for c in finished_counts),
+        "finished_record_counts": sorted(set(finished_counts)),
+        "aborted_with_a_record": sum(c == 1 for c in aborted_counts),
+        "aborted_with_no_record": sum(c == 0 for c in aborted_counts),
+        "aborted_record_counts": sorted(set(aborted_counts)),
+        "aborted_finish_reasons": sorted(
+            {
+                str(rec.get("finish_reason"))
+                for r in aborted
+                for rec in soak_records.get(r["rid"], [])
+            }
+        ),
+        "summed_verify_steps": summed_verify,
+        "sglang_spec_verify_calls_delta": verify_delta,
+        "summed_completion_tokens": summed_tokens,
+        "sglang_generation_tokens_delta": tokens_delta,
+        "sums_match": summed_verify == verify_delta and summed_tokens == tokens_delta,
+        "server_tracebacks": log.count("Traceback"),
+        "server_alive": server.alive(),
+        "gpu_memory_mib": memory,
+        "gpu_memory_growth_after_warmup_mib": (max(warm) - warm[0]) if warm else None,
+    }
+    soak = RESULTS["soak"]
+    assert server.alive() and not soak["server_tracebacks"], log[-3000:]
+    assert not errors, soak
+    assert finished and aborted, soak
+    assert soak["finished_with_one_record"] == len(finished), soak
+    assert max(aborted_counts, default=0) <= 1, soak
+    assert soak["sums_match"], soak
+    assert warm and soak["gpu_memory_growth_after_warmup_mib"] <= MEMORY_SLACK_MIB, soak
