@@ -43,6 +43,15 @@
 #                                                /tmp/site and 0.5.23 into /tmp/site523
 #   bash scripts/gpu_node.sh dual-wait [SECS]    watch; both suites' results -> $OUT/sglangV/
 #
+# SGLang 0.5.23 alone on one nvidia-h200 (the suite, the patched copy, the seed case):
+#   bash scripts/gpu_node.sh one-start          carry .wh/s1 (training subset): the fixtures
+#                                                start (both scripts, one GPU)
+#   bash scripts/gpu_node.sh ferry-recv          carry .ferry/BUNDLE/part-KK + manifest.json,
+#                                                one call per part, back to back
+#   bash scripts/gpu_node.sh one-install BUNDLE  join + check + install 0.5.23 into /tmp/site523;
+#                                                the suite starts once the fixtures are done
+#   bash scripts/gpu_node.sh one-wait [SECS]     watch; results + logs -> $OUT
+#
 # Wheel chunks come from: python scripts/wheelhouse.py build --profile h200-cu130-py312 --out .wh
 set -euo pipefail
 WH=/tmp/wh SITE=${SGLANG_EXT_SITE:-/tmp/site} FIX=/tmp/fixtures MLA=/tmp/mla SUITE=/tmp/suite
@@ -306,6 +315,55 @@ suite-on)
     # shellcheck disable=SC2086  # pytest flags, split on purpose
     CUDA_VISIBLE_DEVICES=$3 SGLANG_EXT_PORT_BASE=$4 OUT="$res" SGLANG_EXT_MLA_FIXTURES="$MLA" \
         timeout -s INT "${SUITE_LIMIT:-900}" bash scripts/gpu_node.sh test ${SUITE_PYTEST_ARGS:-}
+    ;;
+one-start)
+    mkdir -p "$SUITE"
+    sync_latest
+    start_detached one-pipeline "$SUITE" SUITE_PYTEST_ARGS "$@"
+    ;;
+one-pipeline)
+    # fixtures || MLA fixtures (one GPU) -> (after one-install) the 0.5.23 suite with the
+    # newest checkout synced by one-install; ends with DONE or FAILED.
+    cd /tmp/repo
+    train_fixtures "${FIXTURE_VARIANTS:-llama,llama3layer,random,qwen3,sglang4layer,window}" "" ""
+    touch "$SUITE/FIXTURES-$ok"
+    while [ ! -f "$INSTALLED" ]; do sleep 2; done
+    if [ "$ok" = 1 ]; then
+        rm -rf /tmp/repo-suite && cp -r /tmp/repo-latest /tmp/repo-suite && cd /tmp/repo-suite
+        SUITE_LIMIT=${SUITE_LIMIT:-1200} bash scripts/gpu_node.sh suite-on 0.5.23 /tmp/site523 0 \
+            32000 || true
+        touch "$SUITE/DONE"
+    else
+        touch "$SUITE/FAILED"
+    fi
+    ;;
+one-install)
+    bundle=${1:?usage: gpu_node.sh one-install BUNDLE_NAME}
+    python3 scripts/ferry.py join "/tmp/ferry/$bundle/manifest.json" --parts "/tmp/ferry/$bundle" \
+        --out /tmp
+    rm -rf /tmp/bundle && mkdir -p /tmp/bundle /tmp/wh523 && tar -xf "/tmp/$bundle" -C /tmp/bundle
+    cp /tmp/bundle/523/*/*.whl /tmp/wh523/
+    python3 scripts/wheelhouse.py verify --lock locks/sglang-0.5.23-h200-cu130-py312.lock /tmp/wh523
+    bash scripts/gpu_node.sh install-523
+    sync_latest
+    touch "$INSTALLED"
+    ls "$SUITE"
+    ;;
+one-wait)
+    wait_for "$SUITE" "${1:-540}"
+    grep -h "make_fixtures\|Error\|error\|done in" "$SUITE"/fixtures.log "$SUITE"/mla.log 2>/dev/null \
+        | tail -n 12
+    res="$SUITE/sglang0.5.23"
+    tail -n 30 "$res/pytest.log" 2>/dev/null
+    cp "$res"/integration-*.json "$res/pytest.log" "$OUT"/ 2>/dev/null || true
+    cp "$FIX/fixtures.json" "$MLA/mla-fixtures.json" "$OUT"/ 2>/dev/null || true
+    tar -czf "$OUT/suite-logs.tgz" -C "$SUITE" pipeline.log fixtures.log mla.log \
+        sglang0.5.23/patched.log 2>/dev/null || true
+    (cd /tmp/sglang-ext-logs-0.5.23 2>/dev/null && tar -czf "$OUT/server-logs-0.5.23.tgz" \
+        server-mla_* server-plugin.log server-nospec.log server-window.log server-patched.log) \
+        2>/dev/null || true
+    nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
+    [ -f "$SUITE/DONE" ]
     ;;
 dual-go)
     sync_latest

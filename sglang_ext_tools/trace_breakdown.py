@@ -156,8 +156,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="per-cycle time split of SGLang traces")
     parser.add_argument("traces", nargs="+")
     parser.add_argument("--out", help="write the summary JSON here (else stdout)")
-    parser.add_argument("--meta", action="append", default=[], metavar="KEY=VALUE",
-                        help="provenance to record (date, command, versions...)")
+    parser.add_argument(
+        "--meta",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="provenance to record (date, command, versions...)",
+    )
     args = parser.parse_args(argv)
     meta = dict(item.split("=", 1) for item in args.meta)
     text = json.dumps(summarize(args.traces, **meta), indent=2) + "\n"

@@ -124,7 +124,7 @@ class Widening:
                 f"query heads per KV head {s.heads // s.kv_heads} -> {b.heads // b.kv_heads}"
             )
         if problems:
-            raise WidenError("cannot widen " f"{s} into {b}: " + "; ".join(problems))
+            raise WidenError(f"cannot widen {s} into {b}: " + "; ".join(problems))
 
     @property
     def ratio(self) -> float:

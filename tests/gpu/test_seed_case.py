@@ -183,12 +183,15 @@ def test_mla_deficit_explained(mla):
     mla_aux = _aux_agreement(
         AUX_DUMP / "mla_chain", MLA_FIXTURES / "deep-target", mla["baseline"]["prompts"], aux_ids
     )
-    llama_ids = json.loads((FIXTURES / "llama-drafter" / "config.json").read_text())
+    from sglang_ext_tools.reference import default_aux_layer_ids
+
+    llama_cfg = json.loads((FIXTURES / "llama-drafter" / "config.json").read_text())
+    llama_layers = json.loads((FIXTURES / "llama-target" / "config.json").read_text())
+    llama_ids = llama_cfg.get("eagle_aux_hidden_state_layer_ids") or default_aux_layer_ids(
+        llama_layers["num_hidden_layers"]
+    )
     llama_aux = _aux_agreement(
-        AUX_DUMP / "plugin",
-        FIXTURES / "llama-target",
-        load_prompts(),
-        llama_ids["eagle_aux_hidden_state_layer_ids"],
+        AUX_DUMP / "plugin", FIXTURES / "llama-target", load_prompts(), llama_ids
     )
     free = RESULTS["mla"]["chain"].get("free_running") or {}
     mean_ulps = max((v["mean_ulps"] for v in mla_aux.get("per_layer", {}).values()), default=None)

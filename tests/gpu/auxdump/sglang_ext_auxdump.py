@@ -5,9 +5,10 @@ target's on the same prompt.
 SGLang loads it like any plugin (entry point group ``sglang.srt.plugins``, found through the
 dist-info beside this file when this folder is on PYTHONPATH) in every process it starts.
 With ``SGLANG_EXT_AUX_DUMP=DIR`` set, the first ``SGLANG_EXT_AUX_DUMP_COUNT`` (8) eager
-drafter forwards that fuse target features (the draft extend after a prefill or a verify)
-each write ``DIR/aux-<pid>-<n>.pt``: ``input_ids`` and ``positions`` of the drafter batch and
-``features``, the concatenated aux hidden states before fc, as float32 on CPU.
+drafter forwards that fuse the target features of at least ``SGLANG_EXT_AUX_DUMP_MIN_ROWS``
+(16) tokens (the draft extend after a prefill) each write ``DIR/aux-<pid>-<n>.pt``:
+``input_ids`` and ``positions`` of the drafter batch and ``features``, the concatenated aux
+hidden states before fc, as float32 on CPU.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ def register() -> None:
     from sglang_ext.models import llama_eagle3
 
     limit = int(os.environ.get("SGLANG_EXT_AUX_DUMP_COUNT", "8"))
+    # A prompt's draft extend carries one row per prompt token; the extend after a verify
+    # carries a few per request: only the former are kept.
+    min_rows = int(os.environ.get("SGLANG_EXT_AUX_DUMP_MIN_ROWS", "16"))
     counter = itertools.count()
     model_class = llama_eagle3.Eagle3Model
     forward = model_class.forward
@@ -34,7 +38,7 @@ def register() -> None:
         if (
             not torch.cuda.is_current_stream_capturing()
             and features is not None
-            and features.shape[0] > 0
+            and features.shape[0] >= min_rows
             and features.shape[-1] == self.fusion.target_feature_width
             and not forward_batch.forward_mode.is_decode()
         ):
