@@ -14,6 +14,7 @@ import datetime as dt
 import json
 import os
 import re
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -240,6 +241,7 @@ def cluster():
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     for path in (JSONL, ALARM_JSONL):
         path.unlink(missing_ok=True)
+    shutil.rmtree(AUX_DUMP, ignore_errors=True)  # no dump of an earlier run may match
     try:
         with running(servers, "startup") as started:
             yield started

@@ -1,0 +1,67 @@
+"""README's GPU table is rendered from a committed results JSON (sglang_ext_tools.results_table):
+the renderer on a synthetic result, and README's block against the file it names."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sglang_ext_tools import results_table
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def synthetic() -> dict:
+    lossless = {
+        "tokens_checked": 8192,
+        "max_gap": 0.0625,
+        "tolerance": 0.125,
+        "nonzero_gap_fraction": 0.01,
+        "self_nonzero_gap_fraction": 0.012,
+        "pass": True,
+    }
+    tau = {"ratio": 1.01, "ci95": [0.99, 1.03], "prompts": 64, "tau_a": 2.3, "tau_b": 2.28}
+    return {
+        "date": "2026-12-01T12:00:00+00:00",
+        "gpu": {"name": "NVIDIA H200", "uuid": "GPU-x"},
+        "sglang_version": "0.5.23",
+        "outcomes": {"test_a": "passed", "test_b": "failed"},
+        "lossless": {"plugin": lossless, "mla_chain": {**lossless, "pass": False}},
+        "lossless_tolerance": {"llama": {"tolerance_from_tokens": 16384}},
+        "tau_equivalence": {"llama": {**tau, "band": [0.95, 1.05], "pass": True}},
+    }
+
+
+def test_render_states_each_verdict_and_the_failures():
+    block = results_table.render(synthetic(), "r.json")
+    assert block.startswith(results_table.BEGIN) and block.endswith(results_table.END)
+    assert "From `r.json`" in block
+    assert "1 passed, 1 failed, 0 skipped" in block
+    assert "lossless `plugin`" in block and "**FAIL**" in block
+    assert "ratio 1.0100, 95 % CI [0.990, 1.030] over 64 prompts" in block
+    assert "Failed: `test_b`." in block
+
+
+def test_replace_block_and_source():
+    text = f"intro\n{results_table.BEGIN}\nFrom `old.json`:\nx\n{results_table.END}\nafter\n"
+    assert results_table.block_source(text) == "old.json"
+    new = results_table.replace_block(text, results_table.render(synthetic(), "r.json"))
+    assert new.startswith("intro\n") and new.endswith("\nafter\n")
+    assert results_table.block_source(new) == "r.json"
+    with pytest.raises(ValueError, match="no"):
+        results_table.replace_block("no block", "x")
+
+
+def test_readme_block_is_the_rendering_of_the_file_it_names():
+    readme = (ROOT / "README.md").read_text()
+    source = results_table.block_source(readme)
+    if source is None:
+        pytest.skip("README has no rendered GPU results block yet")
+    data = json.loads((ROOT / source).read_text())
+    block = results_table.render(data, source)
+    assert results_table.replace_block(readme, block) == readme, (
+        f"README's GPU block differs from {source}: "
+        f"python -m sglang_ext_tools.results_table {source} --write README.md"
+    )
