@@ -98,16 +98,24 @@ def diagnose(drafter: str | Path, target: str | Path | None = None) -> Diagnosis
         except DrafterLoadError as exc:  # d2t/t2d values unreadable
             diagnosis.errors.append(str(exc))
             tensors = None
+    tensor_errors: list[str] = []
     if tensors is not None:
-        diagnosis.errors.extend(diagnosis.report.errors)
+        # Most important first: config-level causes (the config does not describe the
+        # checkpoint, the drafter does not fit the target) before the per-tensor lines.
+        causes = diagnosis.report.causes
+        diagnosis.errors.extend(causes)
+        tensor_errors = diagnosis.report.errors[len(causes):]
         _vocab_checks(diagnosis, spec, tensors, spec.source)
-    _aux_layers(diagnosis, spec, target_info)
+    _aux_layers(diagnosis, spec, target_info, target_given=target is not None)
     _config_checks(diagnosis, spec)
+    diagnosis.errors.extend(tensor_errors)
     diagnosis.stock_sglang = predict_stock(spec, tensors, target_info)
     return diagnosis
 
 
-def _aux_layers(diagnosis: Diagnosis, spec: DrafterSpec, target: TargetInfo | None) -> None:
+def _aux_layers(
+    diagnosis: Diagnosis, spec: DrafterSpec, target: TargetInfo | None, target_given: bool
+) -> None:
     ids = list(spec.aux_hidden_state_layer_ids) if spec.aux_hidden_state_layer_ids else None
     info: dict[str, Any] = {
         "checkpoint_ids": ids,
@@ -123,7 +131,8 @@ def _aux_layers(diagnosis: Diagnosis, spec: DrafterSpec, target: TargetInfo | No
     if target is None:
         info["captured_layers"] = None
         diagnosis.warnings.append(
-            "no --target given: aux layer ids, hidden size and vocab are not checked"
+            ("--target could not be read (see the errors)" if target_given else "no --target given")
+            + ": aux layer ids, hidden size and vocab are not checked"
         )
         diagnosis.aux_layers = info
         return
