@@ -22,7 +22,14 @@ def read_json(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text()
     except FileNotFoundError as exc:
-        raise DrafterConfigError(f"{path}: file not found") from exc
+        if path.name == "config.json" and path.parent.is_dir():
+            raise DrafterConfigError(
+                f"{path.parent}: no config.json in this directory; expected a model directory "
+                "(config.json and its weights) or a config.json"
+            ) from exc
+        raise DrafterConfigError(
+            f"{path}: no such file or directory; expected a model directory or its config.json"
+        ) from exc
     except OSError as exc:
         raise DrafterConfigError(f"{path}: cannot read ({exc.strerror or exc})") from exc
     except UnicodeDecodeError as exc:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sglang_ext import __version__, compat
+from sglang_ext import __version__, compat, exit_codes
 from sglang_ext.aux_capture import TargetInfo, capture_rule_for, sglang_ids_for_capture
 from sglang_ext.checkpoint_files import DrafterLoadError, read_checkpoint
 from sglang_ext.config_fields import DrafterConfigError
@@ -354,7 +354,7 @@ def format_text(diagnosis: Diagnosis) -> str:
     data = diagnosis.to_json()
     lines = [
         f"drafter: {diagnosis.drafter}",
-        f"format:  {diagnosis.format}",
+        f"format:  {diagnosis.format or '(unknown: the config could not be read)'}",
         f"target:  {diagnosis.target or '(none given)'}",
     ]
     if diagnosis.config:
@@ -386,7 +386,7 @@ def format_text(diagnosis: Diagnosis) -> str:
                 lines.append(f"  - {LoadReport.describe(entry)}")
     stock = diagnosis.stock_sglang
     if stock:
-        lines.append(f"stock SGLang: {stock.get('summary')}")
+        lines.append(f"stock SGLang (predicted, no server run): {stock.get('summary')}")
         for note in stock.get("if_converted_naively", []):
             lines.append(f"  if converted naively: {note}")
     for warning in diagnosis.warnings:
@@ -421,7 +421,7 @@ def main(args) -> int:
             "sglang-ext; rerun with SGLANG_EXT_DEBUG=1 for the traceback and report it",
         )
     if args.json:
-        print(json.dumps(diagnosis.to_json(), indent=2, default=str))
+        exit_codes.emit(json.dumps(diagnosis.to_json(), indent=2, default=str))
     else:
-        print(format_text(diagnosis))
-    return 1 if diagnosis.errors else 0
+        exit_codes.emit(format_text(diagnosis))
+    return exit_codes.INPUT_ERROR if diagnosis.errors else exit_codes.OK
