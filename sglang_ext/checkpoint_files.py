@@ -34,6 +34,7 @@ INDEX_FILE = "model.safetensors.index.json"
 # exponent for the ones numpy lacks (a value is NaN or Inf when they are all set).
 _FINITE_CHECK = {"F64": "<f8", "F32": "<f4", "F16": "<f2"}
 _EXPONENT_BITS = {"BF16": ("<u2", 0x7F80)}
+_CHUNK = 1 << 24  # values per NaN/Inf check step
 
 
 class DrafterLoadError(RuntimeError):
@@ -273,17 +274,24 @@ def nonfinite_count(directory: str | Path, tensor: TensorInfo) -> int:
         return 0
     path = Path(directory) / tensor.file
     count = (tensor.end - tensor.start) // DTYPE_BYTES.get(tensor.dtype, 1)
+    if tensor.dtype in _FINITE_CHECK:
+        view, exponent = _FINITE_CHECK[tensor.dtype], None
+    elif tensor.dtype in _EXPONENT_BITS:
+        view, exponent = _EXPONENT_BITS[tensor.dtype]
+    else:
+        return 0
     try:
-        if tensor.dtype in _FINITE_CHECK:
-            values = np.memmap(path, _FINITE_CHECK[tensor.dtype], "r", tensor.start, (count,))
-            return int(count - np.count_nonzero(np.isfinite(values)))
-        if tensor.dtype in _EXPONENT_BITS:
-            view, exponent = _EXPONENT_BITS[tensor.dtype]
-            bits = np.memmap(path, view, "r", tensor.start, (count,))
-            return int(np.count_nonzero((bits & exponent) == exponent))
+        values = np.memmap(path, view, "r", tensor.start, (count,))
+        bad = 0
+        for begin in range(0, count, _CHUNK):  # bounded memory on a multi-GB lm_head
+            chunk = values[begin : begin + _CHUNK]
+            if exponent is None:
+                bad += chunk.size - int(np.count_nonzero(np.isfinite(chunk)))
+            else:
+                bad += int(np.count_nonzero((chunk & exponent) == exponent))
+        return bad
     except (OSError, ValueError) as exc:
         raise DrafterLoadError(f"{path}: cannot read tensor {tensor.name!r} ({exc})") from exc
-    return 0
 
 
 def torch_dtype_name(dtype) -> str:

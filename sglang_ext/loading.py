@@ -498,14 +498,17 @@ class LoadPlan:
                 first, last = min(count, declared), max(count, declared) - 1
                 layers = f"layer {first}" if first == last else f"layers {first}-{last}"
                 what = "have no tensor" if declared > count else "have no parameter to load into"
+                noun = "parameter(s)" if declared > count else "checkpoint tensor(s)"
                 held_text = "layer 0" if count == 1 else f"layers 0-{count - 1}"
                 report.causes.append(
                     f"{config} declares {declared} draft layer(s) ({nested}num_hidden_layers) "
                     f"but the checkpoint holds weights for {count} ({held_text}): the "
-                    f"{len(folded)} parameter(s) of {layers} {what}; set num_hidden_layers to "
+                    f"{len(folded)} {noun} of {layers} {what}; set num_hidden_layers to "
                     f"{count}, or use the checkpoint trained with {declared} layers"
                 )
-                report.explained.update(id(e) for e in folded)
+                if declared > count:  # hundreds of "missing" lines say nothing more
+                    report.explained.update(id(e) for e in folded)
+                # else the few "unexpected" lines stay: each names a tensor the config drops
         norm = next(
             (
                 e

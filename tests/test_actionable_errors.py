@@ -162,3 +162,21 @@ def test_null_is_not_missing(tmp_path):
     (directory / "config.json").write_text(json.dumps(config))
     (error,) = doctor.diagnose(directory).errors
     assert error.endswith("required field 'transformer_layer_config' is missing")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "bfloat16"])
+def test_nonfinite_values_are_counted_across_read_chunks(tmp_path, monkeypatch, dtype):
+    import torch
+    from safetensors.torch import save_file as save_torch
+
+    from sglang_ext import checkpoint_files
+    from sglang_ext.checkpoint_files import nonfinite_count, read_checkpoint
+
+    monkeypatch.setattr(checkpoint_files, "_CHUNK", 5)
+    values = torch.ones(23, dtype=getattr(torch, dtype))
+    for index, value in ((0, "nan"), (4, "inf"), (5, "-inf"), (11, "nan")):  # chunks 0, 0, 1, 2
+        values[index] = float(value)
+    save_torch({"a": torch.zeros(3), "w": values}, str(tmp_path / "model.safetensors"))
+    tensors = {t.name: t for t in read_checkpoint(tmp_path)}
+    assert nonfinite_count(tmp_path, tensors["w"]) == 4
+    assert nonfinite_count(tmp_path, tensors["a"]) == 0

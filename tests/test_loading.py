@@ -89,8 +89,7 @@ BAD = {
     ),
     "extra_layer": (
         lambda t: t.update({"layers.1.mlp.down_proj.weight": torch.zeros(64, 128)}),
-        "declares 1 draft layer(s) (transformer_layer_config.num_hidden_layers) but the "
-        "checkpoint holds weights for 2 (layers 0-1)",
+        "config has 1 draft layer",
     ),
     "shape": (
         lambda t: t.update({"fc.weight": torch.zeros(64, 128)}),
@@ -121,6 +120,19 @@ BAD = {
         "found F64 (double precision) weights; cast them to F32, F16 or BF16",
     ),
 }
+
+
+def test_weights_for_more_layers_than_declared_name_the_cause_first(drafter, tmp_path):
+    edit, _ = BAD["extra_layer"]
+    directory = mutate(drafter("default")[0], tmp_path, edit)
+    errors = doctor.diagnose(directory).errors
+    assert errors[0] == (
+        f"{directory}/config.json declares 1 draft layer(s) "
+        "(transformer_layer_config.num_hidden_layers) but the checkpoint holds weights for 2 "
+        "(layers 0-1): the 1 checkpoint tensor(s) of layer 1 have no parameter to load into; set "
+        "num_hidden_layers to 2, or use the checkpoint trained with 1 layers"
+    )
+    assert "layers.1.mlp.down_proj.weight: unexpected tensor" in errors[1]
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
