@@ -40,7 +40,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+from sglang_ext import exit_codes
 from sglang_ext.bench_report import REPORT_SCHEMA as REPORT_SCHEMA
 from sglang_ext.bench_report import Acceptance as Acceptance
 from sglang_ext.bench_report import (
@@ -69,8 +71,8 @@ SERVER_INFO_KEYS = (
 )  # fmt: skip
 
 
-class BenchError(Exception):
-    """A user-facing error (bad prompt file, unreachable server...)."""
+class BenchError(exit_codes.UsageError):
+    """A user-facing error (bad prompt file, unreachable server...): exit 2."""
 
 
 # ---------------------------------------------------------------------------- prompts
@@ -445,6 +447,20 @@ def _int_at_least(low: int):
     return parse
 
 
+def server_url(text: str) -> str:
+    """A server base URL: http(s)://HOST[:PORT][/PREFIX] (argparse type: a usage error)."""
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018 - raises ValueError on a port that is not a number
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a server URL ({exc})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a server URL; expected http://HOST:PORT, e.g. {DEFAULT_URL}"
+        )
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="sglang-ext bench",
@@ -452,24 +468,28 @@ def build_parser() -> argparse.ArgumentParser:
         "server (native /generate or OpenAI /v1/completions), on SGLang's benchmark client.",
     )
     add = p.add_argument
-    add("--url", default=DEFAULT_URL, help=f"server base URL (default {DEFAULT_URL})")
-    add("--api", choices=("generate", "openai"), default="generate")
+    add("--url", type=server_url, default=DEFAULT_URL,
+        help=f"server base URL (default {DEFAULT_URL})")  # fmt: skip
+    add("--api", choices=("generate", "openai"), default="generate",
+        help="native /generate (exact acceptance) or OpenAI /v1/completions")  # fmt: skip
     add("--model", default=None, help="model name for --api openai (optional)")
     add("--prompts", metavar="FILE.jsonl", help='JSONL, one {"prompt": ...} or '
         '{"input_ids": [...]} per line (default: bundled held-out set)')  # fmt: skip
     add("--num-requests", type=_int_at_least(1), help="timed requests (cycles the prompts)")
     add("--concurrency", type=_int_at_least(1), default=1, help="1 = single stream")
-    add("--max-new-tokens", type=_int_at_least(1), default=256)
-    add("--temperature", type=float, default=0.0)
+    add("--max-new-tokens", type=_int_at_least(1), default=256,
+        help="tokens generated per request (default 256)")  # fmt: skip
+    add("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
     add("--ignore-eos", action="store_true", help="generate exactly --max-new-tokens tokens")
     add("--warmup", type=_int_at_least(0), default=2, metavar="K", help="untimed, per server")
     add("--no-stream", dest="stream", action="store_false", help="no TTFT/TPOT")
     add("--timeout", type=float, default=600.0, help="per-request timeout, seconds")
-    add("--baseline-url", help="no-speculation server to run the same prompts against")
+    add("--baseline-url", type=server_url,
+        help="no-speculation server to run the same prompts against")  # fmt: skip
     add("--out", metavar="REPORT.json", help="write a JSON report")
     add("--plot", metavar="FILE.png", help="acceptance per position + accept-length histogram")
     add("--per-request", action="store_true", help="print a per-request table")
-    add("--no-progress", dest="progress", action="store_false")
+    add("--no-progress", dest="progress", action="store_false", help="no progress display")
     add("--min-accept-length", type=float, help="exit 1 if the exact accept length is below")
     return p
 
@@ -486,8 +506,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
-            print("error: --plot needs matplotlib (pip install matplotlib)", file=sys.stderr)
-            return 2
+            error = exit_codes.UsageError("--plot needs matplotlib (pip install matplotlib)")
+            return exit_codes.fail("bench", error)
     try:
         prompts, source = load_prompts(args.prompts)
         prompts = select_prompts(prompts, args.num_requests)
@@ -495,8 +515,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         server = probe_server(args.url, probe_timeout)
         base_server = probe_server(args.baseline_url, probe_timeout) if args.baseline_url else None
     except BenchError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return exit_codes.fail("bench", e)
     if server.get("speculative_algorithm") in (None, "", "NONE") and "version" in server:
         print(f"note: {args.url} reports no speculative algorithm", file=sys.stderr)
     spec = RequestSpec(

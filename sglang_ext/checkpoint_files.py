@@ -25,6 +25,16 @@ DTYPE_BYTES = {
     **dict.fromkeys(("I32", "U32", "F32"), 4),
     **dict.fromkeys(("I64", "U64", "F64", "C64"), 8),
 }
+# Every dtype safetensors 0.8 reads; a header naming another cannot be opened at all, so it is
+# reported on the tensor that names it (not on whichever tensor is read first).
+SAFETENSORS_DTYPES = frozenset(DTYPE_BYTES) | {"F4", "F6_E2M3", "F6_E3M2", "F8_E4M3FNUZ",
+                                              "F8_E5M2FNUZ"}  # fmt: skip
+INDEX_FILE = "model.safetensors.index.json"
+# Floating-point dtypes whose values are checked for NaN/Inf: numpy dtype, or the bits of the
+# exponent for the ones numpy lacks (a value is NaN or Inf when they are all set).
+_FINITE_CHECK = {"F64": "<f8", "F32": "<f4", "F16": "<f2"}
+_EXPONENT_BITS = {"BF16": ("<u2", 0x7F80)}
+_CHUNK = 1 << 24  # values per NaN/Inf check step
 
 
 class DrafterLoadError(RuntimeError):
@@ -37,18 +47,60 @@ class TensorInfo:
     shape: tuple[int, ...]
     dtype: str
     file: str
+    start: int = -1  # the tensor's bytes in `file`: [start, end) (-1: not read from a file)
+    end: int = -1
 
 
 def weight_files(directory: str | Path) -> list[Path]:
-    """The safetensors files of a drafter; refuses pickle-only checkpoints."""
+    """The safetensors files of a drafter; refuses pickle-only checkpoints. With a
+    model.safetensors.index.json, the shards it names (as SGLang's loader does:
+    filter_duplicate_safetensors_files), each of which must be there."""
     directory = Path(directory)
     if not directory.is_dir():
         raise DrafterLoadError(f"{directory}: not a directory")
+    index = shard_index(directory)
+    if index is not None:
+        return [directory / shard for shard in sorted(set(index.values()))]
     files = sorted(directory.glob("*.safetensors"))
     if files:
         return files
     refuse_pickle_only(directory)
     raise DrafterLoadError(f"{directory}: no *.safetensors weight files")
+
+
+def shard_index(directory: Path) -> dict[str, str] | None:
+    """A sharded checkpoint's weight_map (tensor -> shard file), None when there is no
+    model.safetensors.index.json; raises when it is unreadable or names a shard that is not in
+    `directory` (an interrupted download: SGLang 0.5.23 refuses it at startup too)."""
+    path = directory / INDEX_FILE
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DrafterLoadError(f"{path}: cannot read the shard index ({exc})") from exc
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not all(
+        isinstance(v, str) and v and "/" not in v for v in weight_map.values()
+    ):
+        raise DrafterLoadError(
+            f"{path}: field 'weight_map' must map tensor names to shard file names, found "
+            f"{str(weight_map)[:200]}"
+        )
+    absent: dict[str, list[str]] = {}
+    for name, shard in weight_map.items():
+        if not (directory / shard).is_file():
+            absent.setdefault(shard, []).append(name)
+    if absent:
+        lines = [
+            f"shard {shard} is not in {directory} ({len(names)} tensor(s), e.g. {names[0]!r})"
+            for shard, names in sorted(absent.items())
+        ]
+        raise DrafterLoadError(
+            f"{path} names {len(absent)} shard(s) that are missing, so the checkpoint is "
+            "incomplete (an interrupted download?); fetch them again: " + "; ".join(lines)
+        )
+    return weight_map
 
 
 def refuse_pickle_only(directory: Path) -> None:
@@ -107,7 +159,8 @@ def read_safetensors_header(path: Path) -> list[TensorInfo]:
             continue
         dtype, shape, offsets = _header_entry(path, name, meta)
         spans.append((*offsets, name))
-        tensors.append(TensorInfo(name, shape, dtype, path.name))
+        start, end = (8 + header_len + o for o in offsets)
+        tensors.append(TensorInfo(name, shape, dtype, path.name, start, end))
     # safetensors' own rule: the tensors tile the data buffer, no gap, no overlap, no tail.
     data_end = 0
     for start, end, name in sorted(spans):
@@ -149,6 +202,11 @@ def _header_entry(path: Path, name: str, meta) -> tuple[str, tuple[int, ...], tu
 
     if not isinstance(dtype, str):
         raise DrafterLoadError(f"{where}: field 'dtype' must be a string, found {dtype!r}")
+    if dtype not in SAFETENSORS_DTYPES:
+        raise DrafterLoadError(
+            f"{where}: dtype {dtype!r} is not a safetensors dtype (expected one of "
+            f"{', '.join(sorted(SAFETENSORS_DTYPES))}); safetensors cannot open this file"
+        )
     if not isinstance(shape, list) or not all(is_count(d) for d in shape):
         raise DrafterLoadError(
             f"{where}: field 'shape' must be a list of non-negative integers, found {shape!r}"
@@ -177,20 +235,79 @@ def _header_entry(path: Path, name: str, meta) -> tuple[str, tuple[int, ...], tu
 
 
 def read_checkpoint(directory: str | Path) -> list[TensorInfo]:
+    """Every tensor of the checkpoint, from its headers. A tensor in two files, or one that the
+    shard index places in a shard lacking it, is an error naming the files."""
+    directory = Path(directory)
+    files = weight_files(directory)
+    index = shard_index(directory)
     tensors: list[TensorInfo] = []
-    for path in weight_files(directory):
-        tensors.extend(read_safetensors_header(path))
+    where: dict[str, list[str]] = {}
+    for path in files:
+        for tensor in read_safetensors_header(path):
+            tensors.append(tensor)
+            where.setdefault(tensor.name, []).append(path.name)
+    problems = [
+        f"tensor {name!r} is in {len(shards)} files ({', '.join(shards)}); keep it in one"
+        for name, shards in where.items()
+        if len(shards) > 1
+    ]
+    for name, shard in (index or {}).items():
+        if shard not in where.get(name, []):
+            problems.append(
+                f"{INDEX_FILE} places tensor {name!r} in {shard}, which does not hold it"
+            )
+    if problems:
+        raise DrafterLoadError(
+            f"{directory}: the checkpoint's files disagree ({len(problems)} problem(s)): "
+            + "; ".join(problems[:20])
+            + (f"; ... and {len(problems) - 20} more" if len(problems) > 20 else "")
+        )
     return tensors
+
+
+def nonfinite_count(directory: str | Path, tensor: TensorInfo) -> int:
+    """How many of a floating-point tensor's values are NaN or Inf (0 for other dtypes),
+    read from the file without loading the checkpoint into memory."""
+    import numpy as np
+
+    if tensor.start < 0 or tensor.end <= tensor.start:
+        return 0
+    path = Path(directory) / tensor.file
+    count = (tensor.end - tensor.start) // DTYPE_BYTES.get(tensor.dtype, 1)
+    if tensor.dtype in _FINITE_CHECK:
+        view, exponent = _FINITE_CHECK[tensor.dtype], None
+    elif tensor.dtype in _EXPONENT_BITS:
+        view, exponent = _EXPONENT_BITS[tensor.dtype]
+    else:
+        return 0
+    try:
+        values = np.memmap(path, view, "r", tensor.start, (count,))
+        bad = 0
+        for begin in range(0, count, _CHUNK):  # bounded memory on a multi-GB lm_head
+            chunk = values[begin : begin + _CHUNK]
+            if exponent is None:
+                bad += chunk.size - int(np.count_nonzero(np.isfinite(chunk)))
+            else:
+                bad += int(np.count_nonzero((chunk & exponent) == exponent))
+        return bad
+    except (OSError, ValueError) as exc:
+        raise DrafterLoadError(f"{path}: cannot read tensor {tensor.name!r} ({exc})") from exc
 
 
 def torch_dtype_name(dtype) -> str:
     """safetensors' dtype name for a torch dtype (the loader sees tensors, doctor headers)."""
     name = str(dtype).removeprefix("torch.")
     return {
+        "float64": "F64",
         "float32": "F32",
         "float16": "F16",
         "bfloat16": "BF16",
+        "float8_e4m3fn": "F8_E4M3",
+        "float8_e5m2": "F8_E5M2",
         "int64": "I64",
         "int32": "I32",
+        "int16": "I16",
+        "int8": "I8",
+        "uint8": "U8",
         "bool": "BOOL",
     }.get(name, name.upper())

@@ -1,19 +1,22 @@
 """`sglang-ext`: doctor | convert | bench | demo | self-check.
 
-Exit codes, every command (README "Exit codes"): 0 ok; 1 the drafter or target has errors
-(doctor/demo verdict ERROR, an invalid drafter to convert, failed benchmark requests or accept
-length below --min-accept-length, a plugin that does not register); 2 usage or refusal
-(bad arguments, a conversion or destination refused, a path that cannot be read or written).
-No input gets a Python traceback: a failure of sglang-ext itself is one line naming it as a bug
-(exit 1), with the traceback under SGLANG_EXT_DEBUG=1.
+Exit codes, every command (README "Exit codes", the table in sglang_ext.exit_codes): 0 ok;
+1 the drafter or target has errors (doctor/demo verdict ERROR, also when a path named as the
+drafter or target does not exist or cannot be read; an invalid drafter to convert, failed
+benchmark requests or accept length below --min-accept-length, a plugin that does not
+register); 2 usage or refusal (bad arguments, an unreachable server, a conversion or
+destination refused, a file that cannot be written). No input gets a Python traceback: a
+failure of sglang-ext itself is one line naming it as a bug (exit 1), with the traceback under
+SGLANG_EXT_DEBUG=1. Closing stdout early (`| head`) is not an error.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
+
+from sglang_ext import exit_codes
 
 
 class Parser(argparse.ArgumentParser):
@@ -35,7 +38,9 @@ class Parser(argparse.ArgumentParser):
 def build_parser(json_errors: bool = False) -> argparse.ArgumentParser:
     parser = Parser(prog="sglang-ext", description=__doc__)
     parser.json_errors = json_errors
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", help="what to run (COMMAND -h: options)"
+    )
 
     doctor = sub.add_parser("doctor", help="report what SGLang will do with a drafter (no GPU)")
     doctor.json_errors = json_errors
@@ -44,8 +49,10 @@ def build_parser(json_errors: bool = False) -> argparse.ArgumentParser:
     doctor.add_argument("--json", action="store_true", help="machine-readable report")
 
     convert = sub.add_parser("convert", help="speculators drafter -> SGLang-native layout")
-    convert.add_argument("src")
-    convert.add_argument("dst")
+    convert.add_argument("src", help="speculators drafter directory (read, never modified)")
+    convert.add_argument(
+        "dst", help="new or empty directory for the SGLang-format drafter (never inside SRC)"
+    )
     convert.add_argument("--target", help="target directory (resolves aux ids for its class)")
     convert.add_argument(
         "--force",
@@ -61,7 +68,11 @@ def build_parser(json_errors: bool = False) -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="write a tiny speculators drafter and diagnose it")
     demo.add_argument("--out", help="output directory (default: a new temporary directory)")
 
-    sub.add_parser("self-check", help="verify the plugin registers with the installed SGLang")
+    sub.add_parser(
+        "self-check",
+        help="verify the plugin registers with the installed SGLang (JSON: its entry point, "
+        "architectures, hooks)",
+    )
     sub.add_parser(
         "bench", help="benchmark a running server (see `sglang-ext bench -h`)", add_help=False
     )
@@ -72,21 +83,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = argv[0] if argv else ""
     try:
-        return run(argv)
-    except OSError as exc:  # a path the user named cannot be read or written
-        if os.environ.get("SGLANG_EXT_DEBUG") == "1":
+        code = run(argv)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+        return code
+    except Exception as exc:  # noqa: BLE001 - no traceback for any input (exit_codes' table)
+        if exit_codes.debugging() and not isinstance(exc, BrokenPipeError):
             raise
-        print(f"sglang-ext {command}: error: {exc}", file=sys.stderr)
-        return 2
-    except Exception as exc:  # noqa: BLE001 - no traceback for any input; say it is ours
-        if os.environ.get("SGLANG_EXT_DEBUG") == "1":
-            raise
-        print(
-            f"sglang-ext {command}: internal error: {type(exc).__name__}: {exc}. This is a bug "
-            "in sglang-ext; rerun with SGLANG_EXT_DEBUG=1 for the traceback and report it",
-            file=sys.stderr,
-        )
-        return 1
+        return exit_codes.fail(command, exc)
 
 
 def run(argv: list[str]) -> int:
@@ -98,7 +101,7 @@ def run(argv: list[str]) -> int:
     try:
         args = build_parser(json_errors).parse_args(argv)
     except SystemExit as exc:  # argparse: usage errors (2) and --help (0)
-        return exc.code if isinstance(exc.code, int) else 2
+        return exc.code if isinstance(exc.code, int) else exit_codes.USAGE
     if args.command == "doctor":
         from sglang_ext import doctor
 
@@ -117,11 +120,12 @@ def run(argv: list[str]) -> int:
         try:
             result = plugin.self_check()
         except BaseException as exc:  # noqa: BLE001 - report any failure as JSON, exit 1
-            print(json.dumps({"plugin_loaded": False, "error": f"{type(exc).__name__}: {exc}"}))
-            return 1
-        print(json.dumps(result, indent=2))
-        return 0
-    return 2
+            error = f"{type(exc).__name__}: {exc}"
+            exit_codes.emit(json.dumps({"plugin_loaded": False, "error": error}))
+            return exit_codes.INPUT_ERROR
+        exit_codes.emit(json.dumps(result, indent=2))
+        return exit_codes.OK
+    return exit_codes.USAGE
 
 
 if __name__ == "__main__":

@@ -22,7 +22,14 @@ def read_json(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text()
     except FileNotFoundError as exc:
-        raise DrafterConfigError(f"{path}: file not found") from exc
+        if path.name == "config.json" and path.parent.is_dir():
+            raise DrafterConfigError(
+                f"{path.parent}: no config.json in this directory; expected a model directory "
+                "(config.json and its weights) or a config.json"
+            ) from exc
+        raise DrafterConfigError(
+            f"{path}: no such file or directory; expected a model directory or its config.json"
+        ) from exc
     except OSError as exc:
         raise DrafterConfigError(f"{path}: cannot read ({exc.strerror or exc})") from exc
     except UnicodeDecodeError as exc:
@@ -39,13 +46,15 @@ def read_json(path: Path) -> dict[str, Any]:
 
 
 def require_field(config: Mapping[str, Any], key: str, kind: type | tuple, where: str) -> Any:
-    if key not in config or config[key] is None:
+    names = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
+    if key not in config:
         raise DrafterConfigError(f"{where}: required field '{key}' is missing")
     value = config[key]
+    if value is None:  # present but null: a different mistake from leaving it out
+        raise DrafterConfigError(f"{where}: required field '{key}' is null; expected {names}")
     if isinstance(value, bool) and kind in (int, float):
         raise DrafterConfigError(f"{where}: field '{key}' must be {kind.__name__}, found {value!r}")
     if not isinstance(value, kind):
-        names = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
         raise DrafterConfigError(
             f"{where}: field '{key}' must be {names}, found {type(value).__name__} {value!r}"
         )

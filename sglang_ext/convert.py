@@ -16,10 +16,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import uuid
 from pathlib import Path
 
+from sglang_ext import exit_codes
 from sglang_ext.aux_capture import TargetInfo, capture_rule_for, sglang_ids_for_capture
 from sglang_ext.checkpoint_files import DrafterLoadError, read_checkpoint, weight_files
 from sglang_ext.config_fields import DrafterConfigError
@@ -29,8 +29,8 @@ from sglang_ext.loading import plan_from_checkpoint
 from sglang_ext.speculators_format import _LAYER_KEYS_HIDDEN_FROM_SGLANG, load_drafter_spec
 
 
-class ConversionRefused(RuntimeError):
-    pass
+class ConversionRefused(exit_codes.Refused):
+    """convert will not write this destination or this lossy conversion (exit 2)."""
 
 
 def converted_name(name: str, spec) -> str | None:
@@ -204,19 +204,14 @@ def write_converted(spec, directory: Path, config: dict, notes: list[str]) -> No
 
 
 def main(args) -> int:
-    """Exit 0 converted, 1 the drafter or target has errors, 2 refused (see README)."""
+    """Exit 0 converted, 1 the drafter or target has errors, 2 refused (exit_codes)."""
     try:
         differences = convert(args.src, args.dst, args.target, args.force, args.overwrite)
-    except (DrafterConfigError, DrafterLoadError) as exc:
-        print(f"sglang-ext convert: error: {exc}", file=sys.stderr)
-        return 1
-    except ConversionRefused as exc:
-        print(f"sglang-ext convert: refused: {exc}", file=sys.stderr)
-        return 2
     except OSError as exc:
-        print(f"sglang-ext convert: cannot write {args.dst}: {exc}", file=sys.stderr)
-        return 2
+        return exit_codes.fail("convert", OSError(f"cannot write {args.dst}: {exc}"))
+    except (DrafterConfigError, DrafterLoadError, ConversionRefused) as exc:
+        return exit_codes.fail("convert", exc)
     print(f"wrote {args.dst} (SGLang-native EAGLE-3 layout)")
     for difference in differences:
         print(f"  differs: {difference}")
-    return 0
+    return exit_codes.OK

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from sglang_ext import exit_codes
 
 BUNDLED = Path(__file__).parent / "data" / "demo"
 
@@ -130,7 +131,7 @@ def build_drafter(directory: Path, target_dir: Path, variant: Variant, seed: int
 
 
 def make_demo(out: Path) -> tuple[Path, Path]:
-    """A 2-layer-hidden-32 target config and a 1-layer drafter for it, in `out`."""
+    """A 6-layer-hidden-32 target config and a 1-layer drafter for it, in `out`."""
     target, drafter = out / "target", out / "drafter"
     try:
         import speculators  # noqa: F401
@@ -144,34 +145,49 @@ def make_demo(out: Path) -> tuple[Path, Path]:
     return target, drafter
 
 
+def drafter_origin() -> str:
+    """How make_demo makes its drafter here: built with speculators, or the bundled copy."""
+    try:
+        import speculators  # noqa: F401
+    except ImportError:
+        return (
+            "copied the bundled speculators EAGLE-3 drafter (made by speculators 0.9.0; "
+            "speculators is not installed here, so nothing was built)"
+        )
+    return "built a speculators EAGLE-3 drafter with speculators' own Eagle3DraftModel"
+
+
 def main(args) -> int:
-    """Exit 0 for verdict OK, 1 for ERROR, 2 when --out holds anything (README "Exit codes")."""
+    """Exit 0 for verdict OK, 1 for ERROR, 2 when --out holds anything (exit_codes)."""
     from sglang_ext import doctor
 
     if args.out:
         out = Path(args.out)
         if out.exists() and not out.is_dir():
-            print(f"sglang-ext demo: refused: {out} exists and is not a directory", file=sys.stderr)
-            return 2
+            refused = exit_codes.Refused(f"{out} exists and is not a directory")
+            return exit_codes.fail("demo", refused)
         if out.is_dir() and any(out.iterdir()):
-            print(
-                f"sglang-ext demo: refused: {out} is not empty; the demo writes drafter/ and "
-                "target/ into a new or empty directory and never overwrites files",
-                file=sys.stderr,
+            refused = exit_codes.Refused(
+                f"{out} is not empty; the demo writes drafter/ and target/ into a new or "
+                "empty directory and never overwrites files"
             )
-            return 2
+            return exit_codes.fail("demo", refused)
     else:
         out = Path(tempfile.mkdtemp(prefix="sglang-ext-demo-"))
+    origin = drafter_origin()
     target, drafter = make_demo(out)
-    print(
-        f"wrote a speculators EAGLE-3 drafter to {drafter} and a Llama target config to {target}\n"
+    exit_codes.emit(
+        f"{origin}, in {drafter}, and wrote a Llama target config in {target} (config.json "
+        f"only, no weights: enough for doctor, not for a server). Files: {out} (kept)\n"
     )
     diagnosis = doctor.diagnose(drafter, target)
-    print(doctor.format_text(diagnosis))
-    print(
-        "\nServe it (GPU node, plugin installed, unchanged SGLang command):\n"
+    exit_codes.emit(doctor.format_text(diagnosis))
+    exit_codes.emit(
+        "\n(The 'stock SGLang' line is doctor's prediction from the config and tensor names; "
+        "no server was started.)\n"
+        "Serve it (GPU node, plugin installed, unchanged SGLang command, a real target's "
+        "weights):\n"
         f"  sglang serve --model-path TARGET --speculative-algorithm EAGLE3 "
         f"--speculative-draft-model-path {drafter}"
     )
-    sys.stdout.flush()
-    return 0 if diagnosis.verdict == "OK" else 1
+    return exit_codes.OK if diagnosis.verdict == "OK" else exit_codes.INPUT_ERROR

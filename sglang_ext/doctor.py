@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sglang_ext import __version__, compat
+from sglang_ext import __version__, compat, exit_codes
 from sglang_ext.aux_capture import TargetInfo, capture_rule_for, sglang_ids_for_capture
 from sglang_ext.checkpoint_files import DrafterLoadError, read_checkpoint
 from sglang_ext.config_fields import DrafterConfigError
@@ -98,16 +98,24 @@ def diagnose(drafter: str | Path, target: str | Path | None = None) -> Diagnosis
         except DrafterLoadError as exc:  # d2t/t2d values unreadable
             diagnosis.errors.append(str(exc))
             tensors = None
+    tensor_errors: list[str] = []
     if tensors is not None:
-        diagnosis.errors.extend(diagnosis.report.errors)
+        # Most important first: config-level causes (the config does not describe the
+        # checkpoint, the drafter does not fit the target) before the per-tensor lines.
+        causes = diagnosis.report.causes
+        diagnosis.errors.extend(causes)
+        tensor_errors = diagnosis.report.errors[len(causes):]
         _vocab_checks(diagnosis, spec, tensors, spec.source)
-    _aux_layers(diagnosis, spec, target_info)
+    _aux_layers(diagnosis, spec, target_info, target_given=target is not None)
     _config_checks(diagnosis, spec)
+    diagnosis.errors.extend(tensor_errors)
     diagnosis.stock_sglang = predict_stock(spec, tensors, target_info)
     return diagnosis
 
 
-def _aux_layers(diagnosis: Diagnosis, spec: DrafterSpec, target: TargetInfo | None) -> None:
+def _aux_layers(
+    diagnosis: Diagnosis, spec: DrafterSpec, target: TargetInfo | None, target_given: bool
+) -> None:
     ids = list(spec.aux_hidden_state_layer_ids) if spec.aux_hidden_state_layer_ids else None
     info: dict[str, Any] = {
         "checkpoint_ids": ids,
@@ -123,7 +131,8 @@ def _aux_layers(diagnosis: Diagnosis, spec: DrafterSpec, target: TargetInfo | No
     if target is None:
         info["captured_layers"] = None
         diagnosis.warnings.append(
-            "no --target given: aux layer ids, hidden size and vocab are not checked"
+            ("--target could not be read (see the errors)" if target_given else "no --target given")
+            + ": aux layer ids, hidden size and vocab are not checked"
         )
         diagnosis.aux_layers = info
         return
@@ -345,7 +354,7 @@ def format_text(diagnosis: Diagnosis) -> str:
     data = diagnosis.to_json()
     lines = [
         f"drafter: {diagnosis.drafter}",
-        f"format:  {diagnosis.format}",
+        f"format:  {diagnosis.format or '(unknown: the config could not be read)'}",
         f"target:  {diagnosis.target or '(none given)'}",
     ]
     if diagnosis.config:
@@ -377,7 +386,7 @@ def format_text(diagnosis: Diagnosis) -> str:
                 lines.append(f"  - {LoadReport.describe(entry)}")
     stock = diagnosis.stock_sglang
     if stock:
-        lines.append(f"stock SGLang: {stock.get('summary')}")
+        lines.append(f"stock SGLang (predicted, no server run): {stock.get('summary')}")
         for note in stock.get("if_converted_naively", []):
             lines.append(f"  if converted naively: {note}")
     for warning in diagnosis.warnings:
@@ -412,7 +421,7 @@ def main(args) -> int:
             "sglang-ext; rerun with SGLANG_EXT_DEBUG=1 for the traceback and report it",
         )
     if args.json:
-        print(json.dumps(diagnosis.to_json(), indent=2, default=str))
+        exit_codes.emit(json.dumps(diagnosis.to_json(), indent=2, default=str))
     else:
-        print(format_text(diagnosis))
-    return 1 if diagnosis.errors else 0
+        exit_codes.emit(format_text(diagnosis))
+    return exit_codes.INPUT_ERROR if diagnosis.errors else exit_codes.OK

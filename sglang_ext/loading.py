@@ -30,9 +30,11 @@ from sglang_ext.checkpoint_files import (  # noqa: F401
     MAX_HEADER_BYTES,
     DrafterLoadError,
     TensorInfo,
+    nonfinite_count,
     read_checkpoint,
     read_safetensors_header,
     refuse_pickle_only,
+    shard_index,
     torch_dtype_name,
     weight_files,
 )
@@ -41,6 +43,17 @@ from sglang_ext.key_table import KeyRule, route
 
 FLOAT_DTYPES = frozenset({"F32", "F16", "BF16"})
 INTEGER_DTYPES = frozenset({"I64", "I32"})
+
+
+def dtype_found(dtype: str) -> str:
+    """What a weight's dtype is, in words, for a dtype_mismatch (F64 is not "quantized")."""
+    if dtype == "F64":
+        return "F64 (double precision) weights; cast them to F32, F16 or BF16"
+    if dtype.startswith(("F8", "F6", "F4")):
+        return f"{dtype} (quantized) weights; quantized drafters are not supported"
+    if dtype.startswith(("I", "U")):
+        return f"{dtype} (integer) weights; quantized or integer drafters are not supported"
+    return f"{dtype} weights, which a drafter parameter cannot hold"
 
 # Checkpoint tensors we read but do not load into a parameter, with the reason. Anything not
 # routed by key_table.KEY_TABLE and not listed here is "unexpected" (an error).
@@ -202,6 +215,7 @@ class TensorEntry:
             "shape_mismatch",
             "dtype_mismatch",
             "value_mismatch",
+            "non_finite",
         )
 
 
@@ -209,10 +223,17 @@ class TensorEntry:
 class LoadReport:
     source: str
     entries: list[TensorEntry] = field(default_factory=list)
+    # Config-level causes (the config's layer count or hidden size does not describe the
+    # checkpoint), each one sentence summing up the per-tensor entries it explains.
+    causes: list[str] = field(default_factory=list)
+    explained: set[int] = field(default_factory=set)  # ids of the entries a cause sums up
 
     @property
     def errors(self) -> list[str]:
-        return [self.describe(e) for e in self.entries if e.is_error]
+        """Causes first, then the per-tensor problems no cause explains."""
+        return self.causes + [
+            self.describe(e) for e in self.entries if e.is_error and id(e) not in self.explained
+        ]
 
     def count(self, status: str) -> int:
         return sum(1 for e in self.entries if e.status == status)
@@ -225,6 +246,7 @@ class LoadReport:
             "shape_mismatch": "shape mismatch",
             "dtype_mismatch": "dtype mismatch",
             "value_mismatch": "value mismatch",
+            "non_finite": "non-finite values",
         }.get(entry.status, entry.status)
         text = f"{entry.name}: {what}"
         if entry.expected or entry.found:
@@ -288,10 +310,14 @@ class LoadPlan:
     def __init__(self, spec: DrafterSpec):
         if Path(spec.source).is_dir():  # before SGLang's loader unpickles anything
             refuse_pickle_only(Path(spec.source))
+            shard_index(Path(spec.source))  # a missing shard is named, not 8 missing params
         self.spec = spec
         self.params = expected_parameters(spec)
         self.report = LoadReport(source=spec.source)
         self._filled: dict[str, set] = {name: set() for name in self.params}
+        # (param, shard) a tensor was offered for but refused (shape, dtype): reported on that
+        # tensor, not a second time as "missing".
+        self._refused: set[tuple] = set()
         self._seen: set[str] = set()
 
     def check_model_parameters(self, names: Iterable[str]) -> None:
@@ -342,10 +368,12 @@ class LoadPlan:
         if dtype not in FLOAT_DTYPES:
             entry.status = "dtype_mismatch"
             entry.expected = _fmt(want, "F32/F16/BF16")
-            entry.reason = "quantized or integer drafter weights are not supported"
+            entry.reason = f"found {dtype_found(dtype)}"
+            self._refused.add((param, shard))
             return Decision("skip")
         if tuple(shape) != tuple(want):
             entry.status = "shape_mismatch"
+            self._refused.add((param, shard))
             if param == "model.fc.weight" and len(shape) == 2:
                 entry.reason = fc_width_reason(spec, int(shape[1]))
             return Decision("skip")
@@ -353,6 +381,19 @@ class LoadPlan:
         if rule.note:
             entry.reason = rule.note
         return Decision("load", param, shard)
+
+    def mark_nonfinite(self, name: str, count: int, total: int) -> None:
+        """The loaded tensor `name` holds `count` NaN/Inf values: an error on that tensor
+        (a drafter with NaN weights proposes garbage, or NaN logits, on every request)."""
+        if count <= 0:
+            return
+        entry = next(e for e in reversed(self.report.entries) if e.name == name)
+        entry.status = "non_finite"
+        entry.expected = "finite values"
+        entry.found = f"{count} of {total} values NaN or Inf"
+        entry.reason = (
+            "a drafter with NaN/Inf weights cannot propose tokens; retrain or re-export it"
+        )
 
     def _why_not_expected(self, rule: KeyRule) -> str:
         spec = self.spec
@@ -399,7 +440,8 @@ class LoadPlan:
                 )
                 continue
             needed = set(expected.shards) if expected.shards else {None}
-            for shard in sorted(needed - filled, key=str):
+            refused = {shard for p, shard in self._refused if p == param}
+            for shard in sorted(needed - filled - refused, key=str):
                 shape = expected.shards[shard] if expected.shards else expected.shape
                 label = param if shard is None else f"{param}[shard {shard}]"
                 self.report.entries.append(
@@ -421,7 +463,72 @@ class LoadPlan:
                     f"{spec.vocab_size} needs the draft->target id map",
                 )
             )
+        self._config_causes()
         return self.report
+
+    def _config_causes(self) -> None:
+        """Name the config-level cause first when the config's layer count or hidden size
+        does not describe the checkpoint (a config declaring 36 draft layers beside a
+        one-layer checkpoint is one sentence, not 315 "missing" lines)."""
+        spec, report = self.spec, self.report
+        config = f"{spec.source}/config.json"
+        nested = "transformer_layer_config." if spec.format == "speculators" else ""
+        layer_of = {}
+        for entry in report.entries:
+            parts = (entry.param or "").split(".")
+            if len(parts) > 3 and parts[:2] == ["model", "layers"] and parts[2].isdigit():
+                layer_of[id(entry)] = int(parts[2])
+        held = {
+            layer_of[id(e)]
+            for e in report.entries
+            if id(e) in layer_of and e.status not in ("missing", "derived")
+        }
+        declared = spec.num_hidden_layers
+        if held and spec.layer_type != "mla" and max(held) + 1 != declared:
+            count = max(held) + 1
+            folded = [
+                e
+                for e in report.entries
+                if e.is_error
+                and id(e) in layer_of
+                and layer_of[id(e)] >= min(count, declared)
+                and e.status in ("missing", "unexpected")
+            ]
+            if folded:
+                first, last = min(count, declared), max(count, declared) - 1
+                layers = f"layer {first}" if first == last else f"layers {first}-{last}"
+                what = "have no tensor" if declared > count else "have no parameter to load into"
+                noun = "parameter(s)" if declared > count else "checkpoint tensor(s)"
+                held_text = "layer 0" if count == 1 else f"layers 0-{count - 1}"
+                report.causes.append(
+                    f"{config} declares {declared} draft layer(s) ({nested}num_hidden_layers) "
+                    f"but the checkpoint holds weights for {count} ({held_text}): the "
+                    f"{len(folded)} {noun} of {layers} {what}; set num_hidden_layers to "
+                    f"{count}, or use the checkpoint trained with {declared} layers"
+                )
+                if declared > count:  # hundreds of "missing" lines say nothing more
+                    report.explained.update(id(e) for e in folded)
+                # else the few "unexpected" lines stay: each names a tensor the config drops
+        norm = next(
+            (
+                e
+                for e in report.entries
+                if e.param == "model.norm.weight" and e.status in ("loaded", "shape_mismatch")
+            ),
+            None,
+        )
+        found = norm.found.split("]")[0].strip("[") if norm and norm.found else ""
+        if norm is not None and norm.status == "shape_mismatch" and found.isdigit():
+            folded = [e for e in report.entries if e.status in ("shape_mismatch", "missing")]
+            report.causes.insert(
+                0,
+                f"{config} says {nested}hidden_size {spec.hidden_size}, but the checkpoint's "
+                f"tensors are "
+                f"{found} wide ({norm.name} {norm.found}): the config does not describe this "
+                f"checkpoint, and {len(folded)} tensor shape(s) disagree as a result; fix "
+                f"hidden_size (and the fields derived from it) or use the matching checkpoint",
+            )
+            report.explained.update(id(e) for e in folded)
 
 
 def plan_from_checkpoint(spec: DrafterSpec, tensors: Iterable[TensorInfo]) -> LoadReport:
@@ -430,7 +537,12 @@ def plan_from_checkpoint(spec: DrafterSpec, tensors: Iterable[TensorInfo]) -> Lo
     plan = LoadPlan(spec)
     tensors = list(tensors)
     for tensor in tensors:
-        plan.route(tensor.name, tensor.shape, tensor.dtype)
+        decision = plan.route(tensor.name, tensor.shape, tensor.dtype)
+        if decision.action == "load":
+            total = 1
+            for dim in tensor.shape:
+                total *= dim
+            plan.mark_nonfinite(tensor.name, nonfinite_count(spec.source, tensor), total)
     report = plan.finish()
     check_vocab_mapping(spec, report, {t.name: t for t in tensors})
     return report

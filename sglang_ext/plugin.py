@@ -171,9 +171,28 @@ def configure_capture_hook(original, *args, **kwargs):
 
 
 def self_check() -> dict:
-    """Resolve the entry point and the registered classes as SGLang would; raise on failure."""
+    """Resolve the entry point and the registered classes as SGLang would; raise on failure.
+
+    Importing SGLang's model registry imports every in-tree model module (~100, most of a
+    20 s check on a CPU machine). A check in a fresh process defers them the way SGLang does
+    for SGLANG_EXTERNAL_MODEL_PACKAGE, so the registry holds the plugin's classes only; the
+    in-tree classes they replace by name are not imported (`in_tree_models_imported`)."""
+    import sys
     from importlib.metadata import entry_points
 
+    fresh = "sglang.srt.models.registry" not in sys.modules
+    if fresh:
+        saved = os.environ.get("SGLANG_EXTERNAL_MODEL_PACKAGE")
+        os.environ["SGLANG_EXTERNAL_MODEL_PACKAGE"] = MODELS_PACKAGE
+        try:
+            from sglang.srt.models.registry import ModelRegistry
+        finally:
+            if saved is None:
+                del os.environ["SGLANG_EXTERNAL_MODEL_PACKAGE"]
+            else:
+                os.environ["SGLANG_EXTERNAL_MODEL_PACKAGE"] = saved
+        # register() would load the deferred in-tree models first: what this check skips.
+        ModelRegistry._default_models_loaded = True
     from sglang.srt.models.registry import ModelRegistry
     from sglang.srt.plugins.hook_registry import HookRegistry
 
@@ -183,7 +202,10 @@ def self_check() -> dict:
     eps = {ep.name: ep for ep in entry_points(group="sglang.srt.plugins")}
     entry = eps.get(PLUGIN_NAME)
     if entry is None or entry.value != "sglang_ext.plugin:register":
-        raise RuntimeError(f"entry point {PLUGIN_NAME} not found in sglang.srt.plugins: {eps}")
+        raise RuntimeError(
+            f"entry point {PLUGIN_NAME} not found in sglang.srt.plugins (found: "
+            f"{sorted(eps) or 'none'}); reinstall sglang-ext"
+        )
     entry.load()()
     HookRegistry.apply_hooks()
     resolved = {}
@@ -194,8 +216,11 @@ def self_check() -> dict:
             raise RuntimeError(f"ModelRegistry resolves {arch} to {resolved[arch]}, not sglang_ext")
     return {
         "plugin_loaded": True,
-        "entry_points": sorted(eps),
+        "entry_points": {PLUGIN_NAME: entry.value},
+        # Other packages' plugins in the same group: SGLang loads them too; not checked here.
+        "other_packages_plugins": sorted(name for name in eps if name != PLUGIN_NAME),
         "architectures": resolved,
         "hooks": [config_hook_target(), CAPTURE_TARGET],
+        "in_tree_models_imported": not fresh,
         "sglang_version": compat.sglang_version(),
     }

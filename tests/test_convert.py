@@ -152,5 +152,5 @@ def test_exit_codes_drafter_errors_1_refusals_2(drafter, tmp_path, target_dir, c
     code, _, err = run(capsys, broken, tmp_path / "b", "--target", target_dir, "--force")
     assert code == 1 and "no *.safetensors weight files" in err
     code, _, err = run(capsys, tmp_path / "nowhere", tmp_path / "c")
-    assert code == 1 and "file not found" in err
+    assert code == 1 and f"{tmp_path / 'nowhere'}: no such file or directory" in err
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

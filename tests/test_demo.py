@@ -12,7 +12,14 @@ def test_demo_builds_with_speculators_and_reports(tmp_path, capsys):
     assert main(["demo", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "format:  speculators" in out and "verdict: OK" in out
-    assert "stock SGLang: fails at startup" in out and "Should have a `model_type` key" in out
+    assert "stock SGLang (predicted, no server run): fails at startup" in out
+    assert "Should have a `model_type` key" in out
+    assert out.startswith(
+        f"built a speculators EAGLE-3 drafter with speculators' own Eagle3DraftModel, in "
+        f"{tmp_path / 'drafter'}, and wrote a Llama target config in {tmp_path / 'target'} "
+        "(config.json only, no weights"
+    ), out[:300]
+    assert f"Files: {tmp_path} (kept)" in out and "format:  speculators" in out
     assert "target captures [1, 3, 4] (SGLang ids [0, 2, 3]" in out
     config = json.loads((tmp_path / "drafter" / "config.json").read_text())
     assert config["speculators_model_type"] == "eagle3" and "model_type" not in config
@@ -24,6 +31,8 @@ def test_demo_without_speculators_uses_the_bundled_fixture(tmp_path, capsys, mon
     assert main(["demo", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "verdict: OK" in out
+    assert out.startswith("copied the bundled speculators EAGLE-3 drafter"), out[:300]
+    assert "built a speculators" not in out
     bundled = json.loads((tmp_path / "drafter" / "config.json").read_text())
     assert bundled["speculators_config"]["verifier"]["name_or_path"] == "target"
 

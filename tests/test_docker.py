@@ -389,7 +389,12 @@ def test_builder_stage_builds_the_wheel_from_package_sources_only(plugin_df) -> 
     for copy in builder.all("COPY"):
         assert "from" not in copy.flags
         sources.update(s.rstrip("/") for s in copy.args[:-1])
-    assert sources == {"pyproject.toml", "README.md", "sglang_ext"}
+    assert sources == {"pyproject.toml", "README.md", "LICENSE", "sglang_ext"}
+    # setuptools puts pyproject's license-files into the wheel only if they are there to read.
+    import tomllib
+
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert set(pyproject["project"]["license-files"]) <= sources
     (build,) = run_instructions(builder, "RUN", "pip wheel")
     words = shlex.split(build.value)
     assert {"--no-deps", "--no-build-isolation", "--wheel-dir"} <= set(words), build.value

@@ -44,6 +44,7 @@ CLI = {
     "sglang_ext.convert",
     "sglang_ext.demo",
     "sglang_ext.doctor",
+    "sglang_ext.exit_codes",
 }
 TOOLING = "sglang_ext_tools"
 

@@ -104,7 +104,35 @@ BAD = {
         "norm.weight: dtype mismatch",
     ),
     "no_d2t": (lambda t: t.pop("d2t"), "d2t: missing"),
+    # issue 22: NaN/Inf passed with verdict OK; F64 was called "quantized or integer".
+    "nan": (
+        lambda t: t["fc.weight"][0, :3].fill_(float("nan")),
+        "fc.weight: non-finite values (expected finite values, found 3 of 12288 values NaN or Inf)",
+    ),
+    "inf_bf16": (
+        lambda t: t.update({"norm.weight": t["norm.weight"].bfloat16().index_fill(
+            0, torch.tensor([1, 5]), float("inf"))}),
+        "norm.weight: non-finite values (expected finite values, found 2 of 64 values",
+    ),
+    "f64": (
+        lambda t: t.update({"fc.weight": t["fc.weight"].double()}),
+        "fc.weight: dtype mismatch (expected [64, 192] F32/F16/BF16, found [64, 192] F64): "
+        "found F64 (double precision) weights; cast them to F32, F16 or BF16",
+    ),
 }
+
+
+def test_weights_for_more_layers_than_declared_name_the_cause_first(drafter, tmp_path):
+    edit, _ = BAD["extra_layer"]
+    directory = mutate(drafter("default")[0], tmp_path, edit)
+    errors = doctor.diagnose(directory).errors
+    assert errors[0] == (
+        f"{directory}/config.json declares 1 draft layer(s) "
+        "(transformer_layer_config.num_hidden_layers) but the checkpoint holds weights for 2 "
+        "(layers 0-1): the 1 checkpoint tensor(s) of layer 1 have no parameter to load into; set "
+        "num_hidden_layers to 2, or use the checkpoint trained with 1 layers"
+    )
+    assert "layers.1.mlp.down_proj.weight: unexpected tensor" in errors[1]
 
 
 @pytest.mark.parametrize("case", sorted(BAD))

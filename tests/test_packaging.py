@@ -21,19 +21,25 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-# What setuptools reads to build the wheel (pyproject: packages.find include sglang_ext*).
-BUILD_INPUTS = ("pyproject.toml", "README.md", "LICENSE", "sglang_ext")
+
+
+def tracked_files() -> list[str]:
+    """What a clean clone holds (`git ls-files`): the wheel is built from exactly that, so a
+    package that `packages.find` picks up by accident (sglang_ext_tools) shows in it."""
+    proc = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    if proc.returncode != 0:
+        pytest.skip(f"not a git checkout ({proc.stderr.strip()})")
+    return [name for name in proc.stdout.split("\0") if name and (ROOT / name).is_file()]
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     src = tmp_path_factory.mktemp("src")
-    for name in BUILD_INPUTS:
-        path = ROOT / name
-        if path.is_dir():
-            shutil.copytree(path, src / name, ignore=shutil.ignore_patterns("__pycache__"))
-        elif path.exists():
-            shutil.copy2(path, src / name)
+    for name in tracked_files():
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, src / name)
     out = tmp_path_factory.mktemp("dist")
     proc = subprocess.run(
         [
@@ -48,6 +54,17 @@ def wheel(tmp_path_factory) -> Path:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out / proc.stdout.strip().splitlines()[-1]
+
+
+def test_wheel_holds_the_sglang_ext_package_only(wheel):
+    """Top-level entries: the package and its dist-info (LICENSE inside it), nothing else:
+    not the tooling (sglang_ext_tools), tests or scripts."""
+    names = zipfile.ZipFile(wheel).namelist()
+    top = {name.split("/", 1)[0] for name in names}
+    dist_info = {t for t in top if t.endswith(".dist-info")}
+    assert top - dist_info == {"sglang_ext"}, sorted(top)
+    assert len(dist_info) == 1, sorted(top)
+    assert f"{dist_info.pop()}/licenses/LICENSE" in names, names
 
 
 def test_wheel_ships_every_data_file(wheel):

@@ -267,3 +267,37 @@ def test_capture_rules_match_sglangs_own_methods():
             )
             cls.set_eagle3_layers_to_capture(stub, ids)
             assert stub.model.layers_to_capture == captured_layers_from_sglang_ids(ids, rule, 8)
+
+
+def test_self_check_in_a_fresh_process_skips_the_in_tree_models_and_labels_other_plugins():
+    """issue 22: self-check took 18 s, most of it importing every in-tree SGLang model through
+    the registry, and listed other packages' entry points as if they were its own."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    script = (
+        "import contextlib, io, json, sys\n"
+        "from sglang_ext.cli import main\n"
+        "out = io.StringIO()\n"
+        "with contextlib.redirect_stdout(out):\n"
+        "    code = main(['self-check'])\n"
+        "report = json.loads(out.getvalue())\n"
+        "report['mixtral_imported'] = 'sglang.srt.models.mixtral' in sys.modules\n"
+        "print(json.dumps({'code': code, **report}))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "SGLANG_EXTERNAL_MODEL_PACKAGE"}
+    env["PYTHONPATH"] = f"{root}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["code"] == 0 and report["plugin_loaded"] is True
+    assert report["entry_points"] == {"sglang_ext": "sglang_ext.plugin:register"}
+    assert "sglang_ext" not in report["other_packages_plugins"]
+    assert report["in_tree_models_imported"] is False and report["mixtral_imported"] is False
+    assert all(v.startswith("sglang_ext.") for v in report["architectures"].values())

@@ -254,6 +254,9 @@ def load_with_plan(model, spec: DrafterSpec, weights) -> LoadReport:
             model.hot_token_id = hot_token_ids(spec, tensor)
         if decision.action != "load":
             continue
+        if tensor.is_floating_point():  # NaN/Inf weights: refused, naming tensor and count
+            finite = int(torch.isfinite(tensor).sum())
+            plan.mark_nonfinite(name, tensor.numel() - finite, tensor.numel())
         param = params[decision.param]
         loader = getattr(param, "weight_loader", default_weight_loader)
         expected = plan.params[decision.param]
