@@ -362,6 +362,11 @@ def sglang_config_dict(spec: DrafterSpec) -> dict[str, Any]:
     return config
 
 
+def served_config_dict(spec: DrafterSpec) -> dict[str, Any]:
+    """The config SGLang builds the drafter from: translated (speculators) or its own."""
+    return sglang_config_dict(spec) if spec.format == "speculators" else dict(spec.layer_config)
+
+
 def to_sglang_config(spec: DrafterSpec):
     """A transformers LlamaConfig carrying the translated config (what get_config returns)."""
     from transformers import LlamaConfig
