@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sglang_ext import __version__, compat
+from sglang_ext import __version__, architecture_aliases, compat
 from sglang_ext import context_length as ctx
 from sglang_ext.aux_capture import TargetInfo, capture_rule_for, sglang_ids_for_capture
 from sglang_ext.checkpoint_files import DrafterLoadError, read_checkpoint
@@ -88,6 +88,9 @@ def diagnose(
         return diagnosis
     diagnosis.format = spec.format
     diagnosis.config = spec.to_json()
+    alias = alias_note_for(spec)
+    if alias:
+        diagnosis.warnings.append(alias)
     if spec.format == "speculators":
         diagnosis.sglang_config = sglang_config_dict(spec)
     target_info = None
@@ -114,7 +117,14 @@ def diagnose(
     _aux_layers(diagnosis, spec, target_info)
     _config_checks(diagnosis, spec)
     diagnosis.stock_sglang = predict_stock(spec, tensors, target_info)
-    if load_error is not None and spec.format == "sglang":
+    if alias_note_for(spec):
+        diagnosis.stock_sglang = {
+            "startup": "fails",
+            "summary": "fails at startup: ValueError: Model architectures "
+            f"{spec.layer_config['architectures']} are not supported for now "
+            "(models/registry.py: SGLang registers no class under that name)",
+        }
+    elif load_error is not None and spec.format == "sglang":
         # SGLang's own loader reads the same files the same way (safetensors, or pickles
         # with weights_only=True), so it fails on them too, only later and with a traceback.
         diagnosis.stock_sglang = {
@@ -176,6 +186,12 @@ def _context_check(diagnosis: Diagnosis, spec: DrafterSpec, target, context_leng
         stock["summary"] = f"fails at startup: {refusal}"
     else:
         stock.setdefault("if_converted_naively", []).append(f"fails at startup: {refusal}")
+
+
+def alias_note_for(spec: DrafterSpec) -> str | None:
+    """The published name an SGLang-format drafter's config carries, if it is an alias."""
+    archs = spec.layer_config.get("architectures") if spec.format == "sglang" else None
+    return architecture_aliases.alias_note(archs[0]) if isinstance(archs, list) and archs else None
 
 
 def _aux_layers(diagnosis: Diagnosis, spec: DrafterSpec, target: TargetInfo | None) -> None:

@@ -120,7 +120,23 @@ def get_config_hook(original, model, *args, **kwargs):
             for key, value in overrides.items():
                 setattr(config, key, value)
         return config
-    return original(model, *args, **kwargs)
+    config = original(model, *args, **kwargs)
+    _read_alias_as_sglang_name(config, model)
+    return config
+
+
+def _read_alias_as_sglang_name(config, model) -> None:
+    """Another project's name for SGLang's EAGLE-3 layout (architecture_aliases.ALIASES) is
+    read as SGLang's, so its registry builds our class, whose load plan checks the keys."""
+    from sglang_ext import architecture_aliases
+
+    archs = list(getattr(config, "architectures", None) or [])
+    note = architecture_aliases.alias_note(archs[0]) if archs else None
+    if note is None:
+        return
+    archs[0] = architecture_aliases.canonical(archs[0])
+    config.architectures = archs
+    logger.info("sglang_ext: %s: %s", model, note)
 
 
 # --------------------------------------------------------------------------------------------

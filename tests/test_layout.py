@@ -17,6 +17,7 @@ RUNTIME = {
     "sglang_ext",
     "sglang_ext.acceptance",
     "sglang_ext.acceptance_prometheus",
+    "sglang_ext.architecture_aliases",
     "sglang_ext.aux_capture",
     "sglang_ext.checkpoint_files",
     "sglang_ext.compat",
