@@ -210,3 +210,33 @@ def build(name: str, root: Path) -> tuple[Path, Path, dict]:
     )
     drafter = writer(drafter_config, root / f"{name}-drafter")
     return drafter, target, entry
+
+
+# -- the GPU check's pure logic (tests/gpu/test_public_configs.py; CPU-tested) ---------------
+
+
+def doctor_outcome(verdict: str) -> str:
+    """What doctor's verdict predicts for the plugin's server: OK starts, ERROR refuses."""
+    return "starts" if verdict == "OK" else "fails"
+
+
+def server_outcome(status: str) -> str:
+    """launch.Server.wait's status as a startup outcome ("ready" or exited/timeout)."""
+    return "starts" if status == "ready" else "fails"
+
+
+def requests_ok(responses: list) -> bool:
+    """Every request answered with generated tokens."""
+    return bool(responses) and all(
+        isinstance(r, dict) and r.get("output_ids") and "meta_info" in r for r in responses
+    )
+
+
+def record(doctor_verdict: str, status: str, responses: list | None) -> dict:
+    """One RESULTS["public_configs"] entry."""
+    return {
+        "doctor": doctor_outcome(doctor_verdict),
+        "server": server_outcome(status),
+        "status": status,
+        "requests_ok": None if responses is None else requests_ok(responses),
+    }

@@ -42,3 +42,29 @@ def test_doctor_verdict_on_the_corpus(tmp_path, name):
     context = [w for w in diagnosis.warnings if "drafter context length" in w]
     assert bool(context) == expected["context_warning"], diagnosis.warnings
     assert diagnosis.stock_sglang["startup"] == expected["stock"]
+
+
+def test_gpu_record_logic():
+    from public_configs import record
+
+    ok = {"output_ids": [1, 2], "meta_info": {}}
+    assert record("OK", "ready", [ok, ok]) == {
+        "doctor": "starts", "server": "starts", "status": "ready", "requests_ok": True
+    }
+    assert record("OK", "ready", [ok, {"error": "x"}])["requests_ok"] is False
+    assert record("OK", "ready", [])["requests_ok"] is False
+    refused = record("ERROR", "exited(1)", None)
+    assert (refused["doctor"], refused["server"]) == ("fails", "fails")
+    assert refused["requests_ok"] is None
+    assert record("OK", "timeout", None)["server"] == "fails"
+
+
+def test_gpu_module_collects_one_test_per_corpus_entry():
+    import ast
+    from pathlib import Path
+
+    source = (Path(__file__).parent / "gpu" / "test_public_configs.py").read_text()
+    tree = ast.parse(source)
+    names = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+    assert {"corpus", "test_doctor_verdict_equals_startup_and_requests_succeed"} <= names
+    assert 'RESULTS["public_configs"]' in source
