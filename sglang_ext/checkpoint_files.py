@@ -1,7 +1,8 @@
-"""A drafter's weight files on disk: safetensors headers read and validated, pickles refused.
+"""A drafter's weight files on disk: safetensors headers read and validated, pickles read safely.
 
-Only safetensors are read: a drafter directory whose weights are pickles (.bin/.pt) is refused
-with a conversion hint, because unpickling executes code from the checkpoint. Headers are read
+A directory without safetensors is read from its pickle files the way SGLang reads them
+(``sglang_ext.pickle_weights``: torch.load with weights_only=True, which runs nothing from the
+checkpoint; a file that loader refuses is refused with its reason). Safetensors headers are read
 without loading a tensor and checked the way safetensors checks them (size limit, well-formed
 entries, tensors tiling the data buffer, no truncation or trailing bytes), so ``sglang-ext
 doctor`` and the server's startup see the same tensor names, shapes and dtypes.
@@ -13,6 +14,13 @@ import json
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+
+from sglang_ext.pickle_weights import (
+    OTHER_PICKLE_SUFFIXES,
+    UnsafePickleError,
+    load_state_dict,
+    pickle_weight_files,
+)
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 # safetensors refuses longer headers (its MAX_HEADER_SIZE); so do we, before reading one.
@@ -52,9 +60,10 @@ class TensorInfo:
 
 
 def weight_files(directory: str | Path) -> list[Path]:
-    """The safetensors files of a drafter; refuses pickle-only checkpoints. With a
+    """The weight files SGLang loads from a drafter directory: with a
     model.safetensors.index.json, the shards it names (as SGLang's loader does:
-    filter_duplicate_safetensors_files), each of which must be there."""
+    filter_duplicate_safetensors_files), each of which must be there; else its safetensors;
+    else its pickles (pickle_weights.pickle_weight_files)."""
     directory = Path(directory)
     if not directory.is_dir():
         raise DrafterLoadError(f"{directory}: not a directory")
@@ -64,7 +73,16 @@ def weight_files(directory: str | Path) -> list[Path]:
     files = sorted(directory.glob("*.safetensors"))
     if files:
         return files
-    refuse_pickle_only(directory)
+    files = pickle_weight_files(directory)
+    if files:
+        return files
+    others = sorted(p.name for p in directory.iterdir() if p.suffix in OTHER_PICKLE_SUFFIXES)
+    if others:
+        raise DrafterLoadError(
+            f"{directory}: no weight files SGLang loads (*.safetensors, *.bin, *.pt); found "
+            f"{', '.join(others)}, which SGLang never reads as weights. Save the state_dict as "
+            "model.safetensors"
+        )
     raise DrafterLoadError(f"{directory}: no *.safetensors weight files")
 
 
@@ -103,20 +121,43 @@ def shard_index(directory: Path) -> dict[str, str] | None:
     return weight_map
 
 
-def refuse_pickle_only(directory: Path) -> None:
-    """Raise when `directory` holds pickle weight files and no safetensors (SGLang's loader
-    would torch.load them)."""
+def refuse_unsafe_pickles(directory: Path) -> None:
+    """For a pickle-only directory, read every pickle SGLang's loader will read with the same
+    safe loader first, so a file it refuses fails here with its reason (before SGLang's loader
+    gets to it, which would raise a traceback)."""
     if any(directory.glob("*.safetensors")):
         return
-    pickles = sorted(p.name for p in directory.iterdir() if p.suffix in PICKLE_SUFFIXES)
-    if pickles:
-        raise DrafterLoadError(
-            f"{directory}: only pickle weight files found ({', '.join(pickles)}). sglang_ext loads "
-            "drafters from safetensors only, because unpickling runs code from the checkpoint. "
-            'Convert once in a trusted environment, e.g. python -c "import torch, '
-            "safetensors.torch as st; st.save_file(torch.load('"
-            f"{pickles[0]}', weights_only=True), 'model.safetensors')\""
-        )
+    for path in pickle_weight_files(directory):
+        read_pickle(path)
+
+
+def read_pickle(path: Path) -> dict:
+    try:
+        return load_state_dict(path)
+    except UnsafePickleError as exc:
+        raise DrafterLoadError(str(exc)) from exc
+    except OSError as exc:
+        raise DrafterLoadError(f"{path}: cannot read ({exc.strerror or exc})") from exc
+
+
+def read_pickle_tensors(path: Path) -> list[TensorInfo]:
+    return [
+        TensorInfo(name, tuple(tensor.shape), torch_dtype_name(tensor.dtype), path.name)
+        for name, tensor in read_pickle(path).items()
+    ]
+
+
+def tensor_values(path: Path, name: str):
+    """One tensor's values as a numpy array, from either kind of weight file."""
+    if path.suffix == ".safetensors":
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(path), "np") as handle:
+                return handle.get_tensor(name)
+        except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types
+            raise DrafterLoadError(f"{path}: cannot read tensor {name!r} ({exc})") from exc
+    return read_pickle(path)[name].numpy()
 
 
 def read_safetensors_header(path: Path) -> list[TensorInfo]:
@@ -243,7 +284,12 @@ def read_checkpoint(directory: str | Path) -> list[TensorInfo]:
     tensors: list[TensorInfo] = []
     where: dict[str, list[str]] = {}
     for path in files:
-        for tensor in read_safetensors_header(path):
+        found = (
+            read_safetensors_header(path)
+            if path.suffix == ".safetensors"
+            else read_pickle_tensors(path)
+        )
+        for tensor in found:
             tensors.append(tensor)
             where.setdefault(tensor.name, []).append(path.name)
     problems = [

@@ -46,6 +46,11 @@ def build_parser(json_errors: bool = False) -> argparse.ArgumentParser:
     doctor.json_errors = json_errors
     doctor.add_argument("drafter", help="drafter directory (speculators or SGLang format)")
     doctor.add_argument("--target", help="target model directory or its config.json")
+    doctor.add_argument(
+        "--context-length",
+        type=int,
+        help="the server's --context-length, if given (default: the target's own)",
+    )
     doctor.add_argument("--json", action="store_true", help="machine-readable report")
 
     convert = sub.add_parser("convert", help="speculators drafter -> SGLang-native layout")

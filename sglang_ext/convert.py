@@ -21,7 +21,12 @@ from pathlib import Path
 
 from sglang_ext import exit_codes
 from sglang_ext.aux_capture import TargetInfo, capture_rule_for, sglang_ids_for_capture
-from sglang_ext.checkpoint_files import DrafterLoadError, read_checkpoint, weight_files
+from sglang_ext.checkpoint_files import (
+    DrafterLoadError,
+    read_checkpoint,
+    read_pickle,
+    weight_files,
+)
 from sglang_ext.config_fields import DrafterConfigError
 from sglang_ext.doctor import math_stock_lacks
 from sglang_ext.key_table import route
@@ -194,7 +199,8 @@ def write_converted(spec, directory: Path, config: dict, notes: list[str]) -> No
 
     tensors = {}
     for path in weight_files(spec.source):
-        for name, tensor in load_file(str(path)).items():
+        read = load_file(str(path)) if path.suffix == ".safetensors" else read_pickle(path)
+        for name, tensor in read.items():
             new = converted_name(name, spec)
             if new is not None:
                 tensors[new] = tensor.contiguous()

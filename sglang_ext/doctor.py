@@ -17,13 +17,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sglang_ext import __version__, compat, exit_codes
+from sglang_ext import __version__, architecture_aliases, compat, exit_codes
+from sglang_ext import context_length as ctx
 from sglang_ext.aux_capture import TargetInfo, capture_rule_for, sglang_ids_for_capture
 from sglang_ext.checkpoint_files import DrafterLoadError, read_checkpoint
-from sglang_ext.config_fields import DrafterConfigError
+from sglang_ext.config_fields import DrafterConfigError, read_json
 from sglang_ext.drafter_spec import DrafterSpec
 from sglang_ext.loading import LoadReport, expected_parameters, plan_from_checkpoint
-from sglang_ext.speculators_format import load_drafter_spec, sglang_config_dict
+from sglang_ext.model_paths import config_path
+from sglang_ext.speculators_format import (
+    load_drafter_spec,
+    served_config_dict,
+    sglang_config_dict,
+)
 
 STOCK_UNRECOGNIZED = (
     "ValueError: Unrecognized model in {path}. Should have a `model_type` key in its config.json"
@@ -70,7 +76,10 @@ class Diagnosis:
         }
 
 
-def diagnose(drafter: str | Path, target: str | Path | None = None) -> Diagnosis:
+def diagnose(
+    drafter: str | Path, target: str | Path | None = None, context_length: int | None = None
+) -> Diagnosis:
+    """`context_length`: the server's --context-length, if it will be given one."""
     diagnosis = Diagnosis(drafter=str(drafter), target=str(target) if target else None)
     try:
         spec = load_drafter_spec(drafter)
@@ -79,6 +88,9 @@ def diagnose(drafter: str | Path, target: str | Path | None = None) -> Diagnosis
         return diagnosis
     diagnosis.format = spec.format
     diagnosis.config = spec.to_json()
+    alias = alias_note_for(spec)
+    if alias:
+        diagnosis.warnings.append(alias)
     if spec.format == "speculators":
         diagnosis.sglang_config = sglang_config_dict(spec)
     target_info = None
@@ -87,11 +99,12 @@ def diagnose(drafter: str | Path, target: str | Path | None = None) -> Diagnosis
             target_info = TargetInfo.from_path(target)
         except DrafterConfigError as exc:
             diagnosis.errors.append(str(exc))
+    load_error = None
     try:
         tensors = read_checkpoint(spec.source)
     except DrafterLoadError as exc:
         diagnosis.errors.append(str(exc))
-        tensors = None
+        tensors, load_error = None, str(exc)
     if tensors is not None:
         try:
             diagnosis.report = plan_from_checkpoint(spec, tensors)
@@ -110,7 +123,81 @@ def diagnose(drafter: str | Path, target: str | Path | None = None) -> Diagnosis
     _config_checks(diagnosis, spec)
     diagnosis.errors.extend(tensor_errors)
     diagnosis.stock_sglang = predict_stock(spec, tensors, target_info)
+    if alias_note_for(spec):
+        diagnosis.stock_sglang = {
+            "startup": "fails",
+            "summary": "fails at startup: ValueError: Model architectures "
+            f"{spec.layer_config['architectures']} are not supported for now "
+            "(models/registry.py: SGLang registers no class under that name)",
+        }
+    elif load_error is not None and spec.format == "sglang":
+        # SGLang's own loader reads the same files the same way (safetensors, or pickles
+        # with weights_only=True), so it fails on them too, only later and with a traceback.
+        diagnosis.stock_sglang = {
+            "startup": "fails",
+            "summary": f"fails loading the weights, as the plugin does: {load_error}",
+        }
+    _context_check(diagnosis, spec, target if target_info is not None else None, context_length)
     return diagnosis
+
+
+def _context_check(diagnosis: Diagnosis, spec: DrafterSpec, target, context_length) -> None:
+    """The drafter's context against the one SGLang builds it with (the target's context_len,
+    which --context-length sets): sglang_ext.context_length, which the server's hook follows."""
+    try:
+        drafter_length, field_name = ctx.drafter_context(
+            served_config_dict(spec), spec.format == "speculators"
+        )
+    except ctx.ContextLengthError as exc:
+        diagnosis.errors.append(f"{config_path(spec.source)}: {exc}")
+        return
+    target_length = context_length
+    if target is not None:
+        target_file = config_path(target)
+        try:
+            derived, target_field = ctx.from_mapping(
+                ctx.target_text_config(read_json(target_file))
+            )
+        except (ctx.ContextLengthError, DrafterConfigError) as exc:
+            diagnosis.errors.append(f"{target_file}: {exc}")
+            return
+        if context_length is None:
+            target_length = derived
+        elif context_length > derived and not ctx.override_allowed():
+            diagnosis.errors.append(
+                f"--context-length {context_length} is above the target's derived context "
+                f"length {derived} ({target_file}: {target_field or 'SGLang default'}): "
+                f"SGLang refuses it at startup (stock and plugin alike); give at most {derived} "
+                f"or set {ctx.OVERRIDE_ENV}=1"
+            )
+    diagnosis.checks["context_length"] = {
+        "drafter": drafter_length,
+        "drafter_field": field_name,
+        "served_at": target_length,
+    }
+    if target_length is None:
+        return
+    warning = ctx.context_warning(
+        drafter_length, str(config_path(spec.source)), field_name, target_length
+    )
+    if warning is None:
+        return
+    diagnosis.warnings.append(warning)
+    if ctx.override_allowed():
+        return
+    refusal = ctx.stock_refusal(drafter_length, target_length)
+    stock = diagnosis.stock_sglang
+    if stock.get("startup") == "starts":
+        stock["startup"] = "fails"
+        stock["summary"] = f"fails at startup: {refusal}"
+    else:
+        stock.setdefault("if_converted_naively", []).append(f"fails at startup: {refusal}")
+
+
+def alias_note_for(spec: DrafterSpec) -> str | None:
+    """The published name an SGLang-format drafter's config carries, if it is an alias."""
+    archs = spec.layer_config.get("architectures") if spec.format == "sglang" else None
+    return architecture_aliases.alias_note(archs[0]) if isinstance(archs, list) and archs else None
 
 
 def _aux_layers(
@@ -410,7 +497,7 @@ def main(args) -> int:
     """Exit 0 for verdict OK, 1 for ERROR (README "Exit codes"); usage errors (2) are the
     CLI's. `--json` prints JSON whatever happens."""
     try:
-        diagnosis = diagnose(args.drafter, args.target)
+        diagnosis = diagnose(args.drafter, args.target, getattr(args, "context_length", None))
     except Exception as exc:  # noqa: BLE001 - a bug must still answer in the asked format
         if os.environ.get("SGLANG_EXT_DEBUG") == "1":
             raise

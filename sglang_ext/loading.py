@@ -7,12 +7,11 @@ happens to it, and at the end names every model parameter that nothing filled. T
 ``load_weights`` and ``sglang-ext doctor`` both drive the same plan, so what doctor predicts is
 what the server does.
 
-Only safetensors are read (:mod:`sglang_ext.checkpoint_files`): a drafter directory whose
-weights are pickles (.bin/.pt) is refused with a conversion hint, because unpickling executes
-code from the checkpoint. For a speculators directory the server's get_config hook refuses it;
-for an SGLang-format one, whose .bin files SGLang's own loader would ``torch.load``, building
-the :class:`LoadPlan` (in the drafter class's constructor, before SGLang reads any weights)
-refuses it.
+Weight files are read by :mod:`sglang_ext.checkpoint_files`: safetensors headers, or pickles
+through PyTorch's weights_only loader, as SGLang reads them. A pickle that loader refuses fails
+the server's get_config hook (speculators directories) or the building of the
+:class:`LoadPlan` (the drafter class's constructor, before SGLang's loader reads any weights),
+with the loader's reason.
 
 ``d2t`` is checked against ``t2d`` (both must select the same target ids, inside the target
 vocabulary) by :func:`plan_from_checkpoint`, which the server's startup (get_config hook, for
@@ -33,8 +32,9 @@ from sglang_ext.checkpoint_files import (  # noqa: F401
     nonfinite_count,
     read_checkpoint,
     read_safetensors_header,
-    refuse_pickle_only,
+    refuse_unsafe_pickles,
     shard_index,
+    tensor_values,
     torch_dtype_name,
     weight_files,
 )
@@ -308,8 +308,8 @@ class LoadPlan:
     """Routes checkpoint tensors to parameters and accounts for both sides."""
 
     def __init__(self, spec: DrafterSpec):
-        if Path(spec.source).is_dir():  # before SGLang's loader unpickles anything
-            refuse_pickle_only(Path(spec.source))
+        if Path(spec.source).is_dir():  # before SGLang's loader reads any pickle
+            refuse_unsafe_pickles(Path(spec.source))
             shard_index(Path(spec.source))  # a missing shard is named, not 8 missing params
         self.spec = spec
         self.params = expected_parameters(spec)
@@ -556,15 +556,9 @@ def check_vocab_mapping(spec: DrafterSpec, report: LoadReport, tensors: dict) ->
     if not ("d2t" in tensors and entries.get("d2t") and entries["d2t"].status == "loaded"):
         return
     import numpy as np
-    from safetensors import safe_open
 
     def values(name: str):
-        path = Path(spec.source) / tensors[name].file
-        try:
-            with safe_open(str(path), "np") as handle:
-                return handle.get_tensor(name)
-        except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types
-            raise DrafterLoadError(f"{path}: cannot read tensor {name!r} ({exc})") from exc
+        return tensor_values(Path(spec.source) / tensors[name].file, name)
 
     d2t = values("d2t").astype(np.int64)
     target_ids = d2t + np.arange(d2t.shape[0])

@@ -11,6 +11,9 @@ models, the detokenizer). It registers:
   ``set_eagle3_layers_to_capture`` switch capture on, then sets the layers the drafter was
   trained on where the class keeps them and reads them back, before serving
   (``sglang_ext.fusion.apply_capture``);
+- an AROUND hook on ``ModelConfig._derive_context_length`` that serves an EAGLE-3 drafter whose
+  context length is below the target's on purpose, with one WARNING
+  (``sglang_ext.context_length``), where stock SGLang raises a ValueError;
 - the acceptance metrics hooks (``sglang_ext.metrics``), also in SGLang's tokenizer worker
   processes (``--tokenizer-worker-num > 1``: ``sglang_ext.tokenizer_workers``);
 - opt-in (``SGLANG_EXT_SPLITKV_VERIFY=1``): SGLang's split-KV verify attention on CUDA
@@ -41,6 +44,7 @@ CAPTURE_TARGET = (
     "sglang.srt.model_executor.model_runner_components.attention_backend_setup."
     "configure_aux_hidden_state_capture"
 )
+CONTEXT_TARGET = "sglang.srt.configs.model_config.ModelConfig._derive_context_length"
 
 
 def register() -> None:
@@ -65,11 +69,12 @@ def _register() -> list[str]:
     from sglang_ext import metrics, tokenizer_workers, verify_splitkv
 
     ModelRegistry.register(MODELS_PACKAGE, overwrite=True, strict=True)
-    targets = [config_hook_target(), CAPTURE_TARGET]
+    targets = [config_hook_target(), CAPTURE_TARGET, CONTEXT_TARGET]
     for target in targets:
         pkgutil.resolve_name(target)  # a moved target fails the launch here, not silently
     HookRegistry.register(targets[0], get_config_hook, HookType.AROUND)
     HookRegistry.register(CAPTURE_TARGET, configure_capture_hook, HookType.AROUND)
+    HookRegistry.register(CONTEXT_TARGET, derive_context_length_hook, HookType.AROUND)
     if os.environ.get("SGLANG_EXT_METRICS", "1") != "0":
         targets.extend(metrics.install())
     targets.extend(tokenizer_workers.install())
@@ -115,7 +120,93 @@ def get_config_hook(original, model, *args, **kwargs):
             for key, value in overrides.items():
                 setattr(config, key, value)
         return config
-    return original(model, *args, **kwargs)
+    config = original(model, *args, **kwargs)
+    _read_alias_as_sglang_name(config, model)
+    return config
+
+
+def _read_alias_as_sglang_name(config, model) -> None:
+    """Another project's name for SGLang's EAGLE-3 layout (architecture_aliases.ALIASES) is
+    read as SGLang's, so its registry builds our class, whose load plan checks the keys."""
+    from sglang_ext import architecture_aliases
+
+    archs = list(getattr(config, "architectures", None) or [])
+    note = architecture_aliases.alias_note(archs[0]) if archs else None
+    if note is None:
+        return
+    archs[0] = architecture_aliases.canonical(archs[0])
+    config.architectures = archs
+    logger.info("sglang_ext: %s: %s", model, note)
+
+
+# --------------------------------------------------------------------------------------------
+# ModelConfig._derive_context_length: a drafter shorter than the target is served on purpose
+
+
+_CONTEXT_WARNED: set[str] = set()
+
+
+def derive_context_length_hook(original, self, context_length, *args, **kwargs):
+    """For our EAGLE-3 drafters built at the target's context (SGLang passes the target's
+    context_len to the draft ModelConfig), do what SGLang does under
+    SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 (raise the draft's context_len and its
+    max_position_embeddings, which sizes its rotary cache), with one WARNING naming both
+    lengths, the drafter's file and field (sglang_ext.context_length). Everything else goes
+    through SGLang's own check unchanged."""
+    from sglang.srt.configs import model_config
+
+    from sglang_ext import context_length as ctx
+    from sglang_ext.models import ARCHITECTURES
+
+    archs = list(getattr(self.hf_config, "architectures", None) or [])
+    if not (
+        getattr(self, "is_draft_model", False)
+        and context_length is not None
+        and archs
+        and archs[0] in ARCHITECTURES
+    ):
+        return original(self, context_length, *args, **kwargs)
+    text_config = self.hf_text_config
+    derived = model_config.get_context_length(text_config)  # SGLang's own number decides
+    if context_length <= derived:
+        return original(self, context_length, *args, **kwargs)
+    result = original(self, None, *args, **kwargs)  # derives the drafter's own length
+    message = ctx.context_warning(
+        derived,
+        drafter_config_file(self.model_path),
+        drafter_context_field(self.model_path),
+        context_length,
+    )
+    if message not in _CONTEXT_WARNED:  # SGLang builds the draft config more than once
+        _CONTEXT_WARNED.add(message)
+        logger.warning("sglang_ext: %s", message)
+    self.context_len = context_length
+    text_config.max_position_embeddings = context_length
+    self.hf_config.context_len = context_length
+    return result
+
+
+def drafter_context_field(path) -> str | None:
+    """The field doctor names (sglang_ext.context_length.drafter_context), read the same way."""
+    from sglang_ext import context_length as ctx
+    from sglang_ext.config_fields import DrafterConfigError
+    from sglang_ext.speculators_format import load_drafter_spec, served_config_dict
+
+    try:
+        spec = load_drafter_spec(path)
+        return ctx.drafter_context(served_config_dict(spec), spec.format == "speculators")[1]
+    except (DrafterConfigError, ctx.ContextLengthError):
+        return None
+
+
+def drafter_config_file(path) -> str:
+    from sglang_ext.config_fields import DrafterConfigError
+    from sglang_ext.model_paths import config_path
+
+    try:
+        return str(config_path(path))
+    except DrafterConfigError:
+        return f"{path}/config.json"
 
 
 # --------------------------------------------------------------------------------------------
@@ -220,7 +311,7 @@ def self_check() -> dict:
         # Other packages' plugins in the same group: SGLang loads them too; not checked here.
         "other_packages_plugins": sorted(name for name in eps if name != PLUGIN_NAME),
         "architectures": resolved,
-        "hooks": [config_hook_target(), CAPTURE_TARGET],
+        "hooks": [config_hook_target(), CAPTURE_TARGET, CONTEXT_TARGET],
         "in_tree_models_imported": not fresh,
         "sglang_version": compat.sglang_version(),
     }

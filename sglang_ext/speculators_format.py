@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 # Moved to aux_capture and key_table; tests and scripts still import them from here.
+from sglang_ext import architecture_aliases
 from sglang_ext.aux_capture import (  # noqa: F401
     TargetInfo,
     capture_rule_for,
@@ -243,12 +244,17 @@ MLA_DRAFTER_ARCHITECTURE = "Eagle3DeepseekV2ForCausalLM"
 
 def _sglang_spec(config: Mapping[str, Any], cfg_file: Path) -> DrafterSpec:
     where = str(cfg_file)
-    archs = architectures_field(config, where) or []
+    archs = list(architectures_field(config, where) or [])
+    if archs:
+        archs[0] = architecture_aliases.canonical(archs[0])
     if not archs or archs[0] not in SGLANG_EAGLE3_ARCHITECTURES:
+        hint = architecture_aliases.rename_hint(archs[0], SGLANG_EAGLE3_ARCHITECTURES) if (
+            archs
+        ) else ""
         raise DrafterConfigError(
             f"{where}: not an EAGLE-3 drafter: no 'speculators_model_type' and architectures is "
             f"{archs} (expected one of {list(SGLANG_EAGLE3_ARCHITECTURES)} or a speculators "
-            "config)"
+            "config)" + (f"; {hint}" if hint else "")
         )
     geometry = _layer_geometry(config, where)
     _refuse_biases(config, where)
@@ -360,6 +366,11 @@ def sglang_config_dict(spec: DrafterSpec) -> dict[str, Any]:
         config["torch_dtype"] = spec.dtype
     config[SPEC_ATTRIBUTE] = spec.to_json()
     return config
+
+
+def served_config_dict(spec: DrafterSpec) -> dict[str, Any]:
+    """The config SGLang builds the drafter from: translated (speculators) or its own."""
+    return sglang_config_dict(spec) if spec.format == "speculators" else dict(spec.layer_config)
 
 
 def to_sglang_config(spec: DrafterSpec):

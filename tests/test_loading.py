@@ -161,18 +161,24 @@ def test_truncated_safetensors(drafter, tmp_path):
         read_checkpoint(directory)
 
 
-def test_pickle_only_drafter_is_refused_with_a_conversion_hint(drafter, tmp_path):
+def test_pickle_only_drafter_is_read_with_the_safe_loader(drafter, tmp_path):
+    """As SGLang reads it (torch.load weights_only=True); issue 22 item 2."""
     directory = tmp_path / "pickled"
     shutil.copytree(drafter("default")[0], directory)
     tensors = load_file(str(directory / "model.safetensors"))
     (directory / "model.safetensors").unlink()
     torch.save(tensors, directory / "pytorch_model.bin")
-    with pytest.raises(DrafterLoadError) as info:
+    assert [p.name for p in weight_files(directory)] == ["pytorch_model.bin"]
+    assert {t.name for t in read_checkpoint(directory)} == set(tensors)
+    assert doctor.diagnose(directory).verdict == "OK"
+
+
+def test_pickle_like_files_sglang_never_loads_are_named(drafter, tmp_path):
+    directory = tmp_path / "pth"
+    shutil.copytree(drafter("default")[0], directory)
+    (directory / "model.safetensors").rename(directory / "model.pth")
+    with pytest.raises(DrafterLoadError, match=r"no weight files SGLang loads .*model\.pth"):
         weight_files(directory)
-    text = str(info.value)
-    assert "pytorch_model.bin" in text and "safetensors only" in text
-    assert "st.save_file" in text
-    assert doctor.diagnose(directory).verdict == "ERROR"
 
 
 def test_d2t_t2d_disagreement(drafter, tmp_path):
