@@ -2,7 +2,8 @@
 config.json, scaled down by one rule, built into tiny checkpoints in their published key layout.
 
 THE RULE (also in README.md beside the configs), applied to every nested config:
-- width fields (WIDTH_FIELDS) become ceil(value / 64) rounded up to a multiple of 16;
+- width fields (WIDTH_FIELDS) become ceil(value / 64) rounded up to a multiple of 16 (MLA's
+  kv_lora_rank and qk_rope_head_dim are kept: the served latent width must stay kernel-valid);
 - head counts become the largest power of two <= value / 16 (at least 2; kv heads at most
   that, dividing it); an explicit head_dim becomes hidden_size / heads;
 - expert counts are capped (EXPERT_CAPS) and a target's depth at TARGET_MAX_LAYERS;
@@ -25,9 +26,12 @@ WIDTH_DIVISOR = 64
 WIDTH_MULTIPLE = 16
 WIDTH_FIELDS = (
     "hidden_size", "intermediate_size", "moe_intermediate_size", "vocab_size",
-    "draft_vocab_size", "target_hidden_size", "q_lora_rank", "kv_lora_rank",
-    "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+    "draft_vocab_size", "target_hidden_size", "q_lora_rank",
+    "qk_nope_head_dim", "v_head_dim",
 )
+# kv_lora_rank and qk_rope_head_dim stay as published (512 + 64): SGLang's MLA decode kernels
+# serve only some latent widths (triton: 576 or 288), so scaling them would make every MLA
+# config fail at CUDA-graph capture for a reason no published checkpoint has.
 EXPERT_CAPS = {"n_routed_experts": 8, "num_local_experts": 8, "num_experts_per_tok": 2,
                "experts_per_token": 2, "n_group": 1, "topk_group": 1}
 TARGET_MAX_LAYERS = 64
