@@ -17,8 +17,6 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from sglang_ext import exit_codes
-
 BUNDLED = Path(__file__).parent / "data" / "demo"
 
 
@@ -159,7 +157,9 @@ def drafter_origin() -> str:
 
 def main(args) -> int:
     """Exit 0 for verdict OK, 1 for ERROR, 2 when --out holds anything (exit_codes)."""
-    from sglang_ext import doctor
+    # Imported here: the builders above are the behaviour suite's fixtures, which must not pull
+    # plugin modules in its patched (no plugin) mode.
+    from sglang_ext import doctor, exit_codes
 
     if args.out:
         out = Path(args.out)
