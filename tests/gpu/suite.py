@@ -219,6 +219,7 @@ def cluster():
             )
         )
     servers += mla_servers(port)
+    servers += public_config_servers(port)
     if gpu_count() >= 2:
         # Throughput pairs stay together on GPU 0; the checks that only need a server move to
         # GPU 1. TP=2 servers start later, alone (test_tp2.py): beside TP=1 servers they die
@@ -289,6 +290,41 @@ def launch(servers: list[Server], key: str) -> list[Server]:
 def stop(servers) -> None:
     for server in servers:
         server.stop()
+
+
+PUBLIC_CONFIGS: dict[str, dict] = {}  # corpus name -> drafter, target, doctor's diagnosis
+
+
+def public_config_servers(port) -> list[Server]:
+    """The published-drafter corpus (tests/public_configs.py: configs scaled by one rule,
+    random weights in the published layout) beside dummy-weight targets, plugin, 3/1/4. They
+    start with the rest of the cluster (test_public_configs.py reads them); doctor's diagnosis
+    of each is taken here, before any server runs."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the corpus builder
+    from public_configs import build, manifest
+
+    from sglang_ext import doctor
+
+    root = LOG_DIR / "public-configs"
+    shutil.rmtree(root, ignore_errors=True)
+    servers = []
+    for name in sorted(manifest()["drafters"]):
+        drafter, target, _ = build(name, root)
+        PUBLIC_CONFIGS[name] = {
+            "drafter": drafter,
+            "target": target,
+            "diagnosis": doctor.diagnose(drafter, target),
+        }
+        servers.append(
+            Server(
+                f"public_{name}",
+                str(target),
+                next(port),
+                str(drafter),
+                ["--load-format", "dummy", "--dtype", "bfloat16"],
+            )
+        )
+    return servers
 
 
 def aux_dump_env(name: str) -> dict[str, str]:
