@@ -699,7 +699,8 @@ def test_hook_on_real_tokenizer_manager_method(monkeypatch, requests_data, caplo
     from sglang.srt.plugins.hook_registry import HookRegistry
 
     TM = tm_mod.TokenizerManager
-    original = TM.__dict__["_calculate_spec_decoding_metrics"]
+    # SGLang's own body: an earlier module that registered the plugin may have left it hooked.
+    original = inspect.unwrap(TM.__dict__["_calculate_spec_decoding_metrics"])
     monkeypatch.setattr(TM, "_calculate_spec_decoding_metrics", original)  # restored later
     spec = SimpleNamespace(
         speculative_algorithm="EAGLE3",
