@@ -50,10 +50,13 @@ def pytest_runtest_logreport(report):
     """Record each GPU test's outcome so the results JSON says which criteria held."""
     if "tests/gpu/" not in report.nodeid:
         return
-    if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
-        from harness import OUTCOMES
+    from harness import DURATIONS, OUTCOMES
 
-        OUTCOMES[report.nodeid.split("::", 1)[-1]] = report.outcome
+    name = report.nodeid.split("::", 1)[-1]
+    if report.when in ("setup", "call"):
+        DURATIONS[name] = round(DURATIONS.get(name, 0.0) + report.duration, 1)
+    if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+        OUTCOMES[name] = report.outcome
 
 
 # The session's servers and no-speculation baselines (suite.py), shared by every test module.

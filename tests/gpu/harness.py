@@ -14,6 +14,7 @@ from sglang_ext_tools.launch import Server as _LaunchServer
 __all__ = [
     "BASE_FLAGS",
     "EXTRA_ARGS",
+    "DURATIONS",
     "OUTCOMES",
     "SPEC_FLAGS",
     "STOCK_ENV",
@@ -26,6 +27,7 @@ SPEC_FLAGS = spec_flags((3, 1, 4))  # the setting every GPU test server uses
 # e.g. SGLANG_EXT_SERVER_ARGS="--dtype float32": appended to every server's command
 EXTRA_ARGS = os.environ.get("SGLANG_EXT_SERVER_ARGS", "").split()
 OUTCOMES: dict[str, str] = {}  # test id -> passed/failed/skipped, filled by conftest
+DURATIONS: dict[str, float] = {}  # test id -> seconds (setup + call), filled by conftest
 
 
 class Server(_LaunchServer):

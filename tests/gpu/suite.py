@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from harness import OUTCOMES, STOCK_ENV, Server, start_all
+from harness import DURATIONS, OUTCOMES, STOCK_ENV, Server, start_all
 
 from sglang_ext_tools import lossless, tau_compare
 
@@ -551,6 +551,7 @@ def write_results() -> None:
         },
         "attention_backend": "triton",
         "outcomes": dict(OUTCOMES),
+        "durations_s": dict(DURATIONS),  # setup + call per test (setup holds server startup)
         **RESULTS,
     }
     data.setdefault("tp2", {"tau_served": None, "note": "not run (fewer than 2 GPUs)"})
