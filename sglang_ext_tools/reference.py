@@ -380,8 +380,13 @@ def draft_chain(
     num_steps: int,
     position_offset: int = 0,
     forced_tokens: Sequence[int] | None = None,
+    expected: Sequence[int] | None = None,
 ) -> ChainOutput:
     """Propose ``num_steps`` tokens after ``seq_ids`` with a topk=1 chain.
+
+    ``expected`` (target ids): stop at the first proposal that differs from it, since a
+    verifier rejects everything after it (teacher-forced acceptance needs no more); the
+    proposals made are the same as without it. Steps past ``expected``'s end still run.
 
     ``seq_ids`` = ``x_0..x_N`` (the newest token ``x_N`` has no aux state yet) and ``aux``
     = ``[N, K*H]`` aux states of ``x_0..x_{N-1}``. ``forced_tokens`` (target ids) replaces
@@ -406,6 +411,8 @@ def draft_chain(
         out.target_ids.append(target_id)
         out.logits.append(logits.float())
         if step + 1 == num_steps:
+            break
+        if expected is not None and step < len(expected) and target_id != expected[step]:
             break
         next_token = target_id if forced_tokens is None else int(forced_tokens[step])
         tokens = torch.cat([tokens, torch.tensor([next_token], device=device)])
@@ -575,15 +582,19 @@ def teacher_forced_acceptance(
     while 0 < done < len(cont):
         seq = prompt + cont[:done]
         aux = aux_all[: len(seq) - 1]
+        left = len(cont) - done
         if proposer is None:
-            drafts = draft_chain(drafter, seq, aux, num_steps, position_offset).target_ids
+            # Drafting stops at the first mismatch with the continuation: fewer drafter
+            # forwards, the same proposals up to there, so the same acceptance.
+            drafts = draft_chain(
+                drafter, seq, aux, num_steps, position_offset, expected=cont[done:]
+            ).target_ids
         else:
             drafts = [int(t) for t in proposer(list(seq), aux, num_steps)]
-        if len(drafts) != num_steps:
-            raise ValueError(f"proposer returned {len(drafts)} drafts, expected {num_steps}")
-        left = len(cont) - done
+            if len(drafts) != num_steps:
+                raise ValueError(f"proposer returned {len(drafts)} drafts, expected {num_steps}")
         n_acc = 0
-        while n_acc < min(num_steps, left) and drafts[n_acc] == cont[done + n_acc]:
+        while n_acc < min(len(drafts), left) and drafts[n_acc] == cont[done + n_acc]:
             n_acc += 1
         if judge_past_end and n_acc == left < num_steps:
             verify, _ = target_forward(target, prompt + cont + drafts[left:], aux_layer_ids)
