@@ -44,6 +44,21 @@ def speculators_logits(model, hidden_states: torch.Tensor, input_ids: torch.Tens
     return captured["logits"][0]
 
 
+# A tiny SGLang-format EAGLE-3 drafter config (64 wide, one layer, a 128-token draft vocab).
+TINY_SGLANG_DRAFTER_CONFIG = {
+    "architectures": ["LlamaForCausalLMEagle3"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 256,
+    "draft_vocab_size": 128,
+    "max_position_embeddings": 512,
+}
+
+
 def sglang_format_drafter(directory, aux_ids=None):
     """A config-only SGLang-format EAGLE-3 drafter (64 wide, 1 layer); `aux_ids` goes into
     eagle_config.eagle_aux_hidden_state_layer_ids, None leaves eagle_config out (SGLang's

@@ -6,22 +6,13 @@ with the rename that would load them."""
 from __future__ import annotations
 
 import pytest
+from builders import TINY_SGLANG_DRAFTER_CONFIG
 from public_configs import write_sglang_drafter
 from safetensors.torch import load_file, save_file
 
 from sglang_ext import architecture_aliases, doctor
 
-CONFIG = {
-    "model_type": "llama",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 1,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 256,
-    "draft_vocab_size": 128,
-    "max_position_embeddings": 512,
-}
+CONFIG = {k: v for k, v in TINY_SGLANG_DRAFTER_CONFIG.items() if k != "architectures"}
 
 
 def _drafter(tmp_path, arch):

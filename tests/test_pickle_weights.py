@@ -10,6 +10,7 @@ import shutil
 
 import pytest
 import torch
+from builders import TINY_SGLANG_DRAFTER_CONFIG
 from public_configs import write_sglang_drafter
 from safetensors.torch import load_file
 
@@ -18,18 +19,7 @@ from sglang_ext.checkpoint_files import DrafterLoadError, read_checkpoint, weigh
 from sglang_ext.loading import LoadPlan
 from sglang_ext.speculators_format import load_drafter_spec
 
-CONFIG = {
-    "architectures": ["LlamaForCausalLMEagle3"],
-    "model_type": "llama",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 1,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 256,
-    "draft_vocab_size": 128,
-    "max_position_embeddings": 512,
-}
+CONFIG = dict(TINY_SGLANG_DRAFTER_CONFIG)
 
 
 def _pickled(tmp_path, name="pickled", legacy=False):
