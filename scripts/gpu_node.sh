@@ -272,7 +272,8 @@ test)
     if [ -d "$PATCHED/sglang" ]; then export SGLANG_EXT_PATCHED_SITE=$PATCHED; fi
     set +e
     SGLANG_EXT_FIXTURES="$FIX" SGLANG_EXT_RESULTS_DIR="$OUT" SGLANG_EXT_LOG_DIR="$LOGS" \
-        python3 -m pytest -m gpu tests/gpu -q -rA -p no:cacheprovider "$@" 2>&1 | tee "$OUT/pytest.log"
+        python3 -m pytest -m gpu ${SUITE_PATHS:-tests/gpu} -q -rA -p no:cacheprovider "$@" 2>&1 \
+        | tee "$OUT/pytest.log"
     status=${PIPESTATUS[0]}
     tar -czf "$OUT/logs.tgz" -C "$LOGS" . 2>/dev/null
     exit "$status"
@@ -322,20 +323,38 @@ one-start)
     start_detached one-pipeline "$SUITE" SUITE_PYTEST_ARGS "$@"
     ;;
 one-pipeline)
-    # fixtures || MLA fixtures (one GPU) -> (after one-install) the 0.5.23 suite with the
-    # newest checkout synced by one-install; ends with DONE or FAILED.
+    # fixtures || MLA fixtures (one GPU), and meanwhile (after one-install) the public-config
+    # phase, which needs no fixture -> the 0.5.23 suite with the newest checkout synced by
+    # one-install, its results folding in the public phase's; ends with DONE or FAILED.
     cd /tmp/repo
-    train_fixtures "${FIXTURE_VARIANTS:-llama,llama3layer,random,qwen3,sglang4layer,window}" "" ""
-    touch "$SUITE/FIXTURES-$ok"
+    (
+        train_fixtures "${FIXTURE_VARIANTS:-llama,llama3layer,random,qwen3,sglang4layer,window}" "" ""
+        echo "$ok" >"$SUITE/FIXTURES-OK"
+    ) &
+    trainer=$!
     while [ ! -f "$INSTALLED" ]; do sleep 2; done
+    rm -rf /tmp/repo-suite && cp -r /tmp/repo-latest /tmp/repo-suite && cd /tmp/repo-suite
+    bash scripts/gpu_node.sh public-on /tmp/site523 32500 || true
+    wait "$trainer" || true
+    ok=$(cat "$SUITE/FIXTURES-OK" 2>/dev/null || echo 0)
+    touch "$SUITE/FIXTURES-$ok"
     if [ "$ok" = 1 ]; then
-        rm -rf /tmp/repo-suite && cp -r /tmp/repo-latest /tmp/repo-suite && cd /tmp/repo-suite
-        SUITE_LIMIT=${SUITE_LIMIT:-1200} bash scripts/gpu_node.sh suite-on 0.5.23 /tmp/site523 0 \
-            32000 || true
+        earlier=$(ls "$SUITE"/public/integration-*.json 2>/dev/null | head -n 1)
+        SGLANG_EXT_EARLIER_RESULTS=$earlier SUITE_LIMIT=${SUITE_LIMIT:-1200} \
+            SUITE_PYTEST_ARGS="--ignore=tests/gpu/test_public_configs.py ${SUITE_PYTEST_ARGS:-}" \
+            bash scripts/gpu_node.sh suite-on 0.5.23 /tmp/site523 0 32000 || true
         touch "$SUITE/DONE"
     else
         touch "$SUITE/FAILED"
     fi
+    ;;
+public-on)
+    # SITE PORT_BASE: the published-drafter corpus against dummy targets (no fixture needed)
+    res="$SUITE/public"
+    mkdir -p "$res"
+    export SGLANG_EXT_SITE=$1 SGLANG_EXT_LOG_DIR=/tmp/sglang-ext-logs-public PYTHONPATH=$1
+    SGLANG_EXT_PORT_BASE=$2 OUT="$res" SUITE_PATHS=tests/gpu/test_public_configs.py \
+        timeout -s INT "${PUBLIC_LIMIT:-420}" bash scripts/gpu_node.sh test
     ;;
 one-install)
     bundle=${1:?usage: gpu_node.sh one-install BUNDLE_NAME}
@@ -354,8 +373,10 @@ one-wait)
     grep -h "make_fixtures\|Error\|error\|done in" "$SUITE"/fixtures.log "$SUITE"/mla.log 2>/dev/null \
         | tail -n 12
     res="$SUITE/sglang0.5.23"
+    tail -n 8 "$SUITE/public/pytest.log" 2>/dev/null
     tail -n 30 "$res/pytest.log" 2>/dev/null
     cp "$res"/integration-*.json "$res/pytest.log" "$OUT"/ 2>/dev/null || true
+    cp "$SUITE/public/pytest.log" "$OUT/pytest-public.log" 2>/dev/null || true
     cp "$FIX/fixtures.json" "$MLA/mla-fixtures.json" "$OUT"/ 2>/dev/null || true
     tar -czf "$OUT/suite-logs.tgz" -C "$SUITE" pipeline.log fixtures.log mla.log \
         sglang0.5.23/patched.log 2>/dev/null || true

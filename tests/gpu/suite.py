@@ -219,7 +219,6 @@ def cluster():
             )
         )
     servers += mla_servers(port)
-    servers += public_config_servers(port)
     if gpu_count() >= 2:
         # Throughput pairs stay together on GPU 0; the checks that only need a server move to
         # GPU 1. TP=2 servers start later, alone (test_tp2.py): beside TP=1 servers they die
@@ -526,6 +525,23 @@ def record_like_for_like(name: str, outputs: list[dict], rows: list[dict], steps
     return result
 
 
+def merge_earlier_phase(data: dict) -> None:
+    """Fold in the results file of an earlier phase of the same pipeline run
+    ($SGLANG_EXT_EARLIER_RESULTS, e.g. the public-config servers run while the fixtures
+    trained): its outcomes, durations and the keys this run did not write."""
+    path = os.environ.get("SGLANG_EXT_EARLIER_RESULTS")
+    if not path or not Path(path).is_file():
+        return
+    earlier = json.loads(Path(path).read_text())
+    for key in ("outcomes", "durations_s"):
+        data[key] = {**earlier.get(key, {}), **data.get(key, {})}
+    for key, value in earlier.items():
+        data.setdefault(key, value)
+    data.setdefault("earlier_phases", []).append(
+        {"file": Path(path).name, "date": earlier.get("date"), "command": earlier.get("command")}
+    )
+
+
 def write_results() -> None:
     try:
         gpu = gpu_info()
@@ -555,6 +571,7 @@ def write_results() -> None:
         **RESULTS,
     }
     data.setdefault("tp2", {"tau_served": None, "note": "not run (fewer than 2 GPUs)"})
+    merge_earlier_phase(data)
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     sglang = found.get("sglang") or "unknown"
     path = RESULTS_DIR / f"integration-{now.date().isoformat()}-{gpu_slug}-sglang{sglang}.json"
