@@ -3,6 +3,7 @@ exercised through SGLang's own functions and model classes (on CPU)."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import subprocess
 import sys
@@ -102,7 +103,8 @@ def test_stock_get_config_rejects_speculators_dirs(sglang_env, drafter):
     """What stock SGLang does with a speculators drafter (the first silent-ish failure)."""
     from sglang.srt.utils.hf_transformers.config import get_config
 
-    stock = getattr(get_config, "__wrapped__", get_config)  # unhooked, whatever ran before
+    # unhooked, however many hooks earlier modules left on it (inspect.unwrap follows them all)
+    stock = inspect.unwrap(get_config)
     with pytest.raises(ValueError, match="Should have a `model_type` key"):
         stock(str(drafter("default")[0]), trust_remote_code=False)
 

@@ -66,5 +66,5 @@ def test_gpu_module_collects_one_test_per_corpus_entry():
     source = (Path(__file__).parent / "gpu" / "test_public_configs.py").read_text()
     tree = ast.parse(source)
     names = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
-    assert {"corpus", "test_doctor_verdict_equals_startup_and_requests_succeed"} <= names
+    assert {"public", "test_doctor_verdict_equals_startup_and_requests_succeed"} <= names
     assert 'RESULTS["public_configs"]' in source
