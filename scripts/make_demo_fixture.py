@@ -15,7 +15,10 @@ def main() -> int:
         os.chdir(tmp)  # relative paths: the drafter's verifier name_or_path reads "target"
         make_demo(Path("."))
         shutil.rmtree(BUNDLED, ignore_errors=True)
-        shutil.copytree(tmp, BUNDLED)
+        # speculators' config sets `_auto_class`, so transformers' save_pretrained copies the
+        # config class's source (speculators/models/eagle3/config.py) next to config.json for
+        # trust_remote_code loading. Nothing here loads it that way: ship no speculators source.
+        shutil.copytree(tmp, BUNDLED, ignore=shutil.ignore_patterns("*.py"))
     for path in sorted(BUNDLED.rglob("*")):
         if path.is_file():
             print(f"{path.stat().st_size:>8}  {path.relative_to(BUNDLED)}")

@@ -177,7 +177,7 @@ PROFILES: dict[str, Profile] = {
             "its packages: locks/node-h200-cu130-py312.freeze.txt.  Built with",
             "  python scripts/wheelhouse.py build --profile h200-cu130-py312 --out .wh",
             "Against the wheel list that served SGLang 0.5.17 with EAGLE-3 on that node on",
-            "2026-11-29 (shared/gpu-node/wheels-sglang-0.5.17-cp312.txt), `wheelhouse.py diff`",
+            "2026-11-29 (the node's own wheel list, cp312), `wheelhouse.py diff`",
             "reports the same 76 filenames.  What it took to get there:",
             "- dill is added by hand: sglang imports it but declares it only through `datasets`;",
             "- numpy is the node's 2.5.2 although mistral-common caps numpy<2.4 on Python 3.12",
@@ -189,7 +189,7 @@ PROFILES: dict[str, Profile] = {
         ],
         lock=REPO_ROOT / "locks" / "sglang-0.5.17-h200-cu130-py312.lock",
     ),
-    # SGLang 0.5.23 (issue 15): torch 2.14.1, triton 3.8, sglang-kernel 0.4.10 unstripped,
+    # SGLang 0.5.23, beside 0.5.17: torch 2.14.1, triton 3.8, sglang-kernel 0.4.10 unstripped,
     # flashinfer 0.7.2; installed into its own --target so the 0.5.17 profile keeps working.
     "h200-cu130-py312-sglang0.5.23": Profile(
         sglang="0.5.23",

@@ -6,7 +6,7 @@ target positions") and ``configs/model_config.py:ModelConfig._derive_context_len
 it with the length derived from the drafter's own config
 (``utils/hf_transformers/common.py:get_context_length``). A drafter below the target is a
 ``ValueError`` at startup unless ``SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1``; published
-Llama-3.1-8B drafters say 2048 beside a 131072 target (issue 22).
+Llama-3.1-8B drafters say 2048 beside a 131072 target.
 
 The plugin serves such an EAGLE-3 drafter on purpose, as SGLang's own override does: a rope
 drafter has no hard position limit (its rotary cache is sized from ``max_position_embeddings``,

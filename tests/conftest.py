@@ -1,3 +1,5 @@
+"""Session fixtures of the CPU suite: a tiny Llama target and speculators drafters built once."""
+
 from __future__ import annotations
 
 import pytest

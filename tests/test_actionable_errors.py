@@ -1,4 +1,4 @@
-"""Errors a user can act on, most important first (issue 22): a config-level cause is one
+"""Errors a user can act on, most important first: a config-level cause is one
 sentence before the per-tensor lines it explains, sharded checkpoints are read through their
 index, NaN/Inf weights are refused, a dtype message says what it found on the tensor at fault,
 and a null field is not called missing."""

@@ -1,4 +1,4 @@
-"""Other projects' names for SGLang's EAGLE-3 layout (issue 22, item 3): vLLM's
+"""Other projects' names for SGLang's EAGLE-3 layout: vLLM's
 Eagle3LlamaForCausalLM (AngelSlim-trained drafters) is read as LlamaForCausalLMEagle3 by doctor
 and by the server's get_config, with the key table deciding; unknown EAGLE names are refused
 with the rename that would load them."""

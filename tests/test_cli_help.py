@@ -1,5 +1,5 @@
-"""Every argument of every `sglang-ext` command has help text (issue 22: `convert`'s
-positionals and several `bench` flags had none)."""
+"""Every argument of every `sglang-ext` command has help text (`convert`'s
+positionals and several `bench` flags once had none)."""
 
 from __future__ import annotations
 

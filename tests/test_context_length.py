@@ -1,4 +1,4 @@
-"""A drafter shorter than its target's context (issue 22, item 1): doctor and SGLang's real
+"""A drafter shorter than its target's context: doctor and SGLang's real
 startup check (``ModelConfig._derive_context_length``, built as the draft worker builds it, with
 the target's context_len) agree, with the plugin's hook and without it (stock)."""
 

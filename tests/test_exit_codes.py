@@ -54,7 +54,7 @@ def test_an_unreadable_or_unwritable_path_is_2_and_a_bug_is_1(tmp_path, capsys, 
 
 
 def test_a_bad_url_is_a_usage_error(capsys):
-    """issue 22: `bench --url notaurl` was "internal error ... a bug in sglang-ext", exit 1."""
+    """`bench --url notaurl` was once "internal error ... a bug in sglang-ext", exit 1."""
     for url in ("notaurl", "ftp://host:1", "http://host:port"):
         with pytest.raises(SystemExit) as info:
             main(["bench", "--url", url])

@@ -104,7 +104,7 @@ BAD = {
         "norm.weight: dtype mismatch",
     ),
     "no_d2t": (lambda t: t.pop("d2t"), "d2t: missing"),
-    # issue 22: NaN/Inf passed with verdict OK; F64 was called "quantized or integer".
+    # NaN/Inf once passed with verdict OK; F64 was called "quantized or integer".
     "nan": (
         lambda t: t["fc.weight"][0, :3].fill_(float("nan")),
         "fc.weight: non-finite values (expected finite values, found 3 of 12288 values NaN or Inf)",
@@ -162,7 +162,7 @@ def test_truncated_safetensors(drafter, tmp_path):
 
 
 def test_pickle_only_drafter_is_read_with_the_safe_loader(drafter, tmp_path):
-    """As SGLang reads it (torch.load weights_only=True); issue 22 item 2."""
+    """As SGLang reads it (torch.load weights_only=True)."""
     directory = tmp_path / "pickled"
     shutil.copytree(drafter("default")[0], directory)
     tensors = load_file(str(directory / "model.safetensors"))

@@ -114,7 +114,7 @@ def test_served_geometry_fits_sglang_triton_mla_decode(mla_script):
         mla_script.check_served_geometry({"kv_lora_rank": 64, "qk_rope_head_dim": 16})
 
 
-# -- off-by-one exposure (issue 21 item 5) -------------------------------------------------
+# -- off-by-one exposure --------------------------------------------------------------------
 
 
 def test_neighbours_of_every_captured_layer_carry_different_states(mla_fixtures, mla_script):

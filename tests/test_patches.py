@@ -35,7 +35,12 @@ ROOT = Path(__file__).resolve().parent.parent
 PATCHES = ROOT / "patches"
 APPLY = ROOT / "scripts" / "apply_patches.py"
 BEHAVIOUR = ROOT / "tests" / "behaviour"
-GPU_TESTS = PATCHES / "gpu-tests"
+GPU_DIR = "test/registered/spec/eagle"
+GPU_TESTS = (  # what the series adds under GPU_DIR: SGLang-style GPU tests (register_cuda_ci)
+    "test_eagle3_acceptance_metrics.py",
+    "test_eagle3_fusion_guard.py",
+    "test_eagle3_speculators_drafter.py",
+)
 UNIT_DIR = "test/registered/unit/speculative"
 SUMMARY = re.compile(r"^(\d+) passed(?:, \d+ skipped)?(?:, \d+ warnings?)? in [\d.]+s", re.M)
 COMMIT_1_MAX_CHANGED = 80
@@ -391,10 +396,11 @@ def test_each_commit_passes_its_own_unit_tests(version, tmp_path):
             SGLANG_PLUGINS="__none__",
         )  # fmt: skip
         assert_all_passed(result, minimum=count)
-    gpu_tests = sorted((tree / "test/registered/spec/eagle").glob("test_eagle3_*.py"))
-    assert [t.name for t in gpu_tests] == sorted(p.name for p in GPU_TESTS.glob("test_*.py"))
-    for gpu_test in gpu_tests:  # the series carries patches/gpu-tests/ as they are
+    gpu_tests = sorted((tree / GPU_DIR).glob("test_eagle3_*.py"))
+    assert [t.name for t in gpu_tests] == sorted(GPU_TESTS)
+    _, created = touched(patches)
+    assert {f"{GPU_DIR}/{name}" for name in GPU_TESTS} <= created, "the series creates them"
+    for gpu_test in gpu_tests:  # read from the patched tree: the series is their one copy
         text = gpu_test.read_text()
-        assert text == (GPU_TESTS / gpu_test.name).read_text(), gpu_test.name
         compile(text, str(gpu_test), "exec")
         assert "register_cuda_ci(" in text and 'if __name__ == "__main__":' in text

@@ -1,4 +1,4 @@
-"""pytorch_model.bin-only drafters (issue 22, item 2): read as SGLang reads them, with
+"""pytorch_model.bin-only drafters: read as SGLang reads them, with
 torch.load(weights_only=True), in doctor, convert and the server's startup checks; a pickle that
 loader refuses is refused with its reason, and nothing in it runs."""
 

@@ -272,8 +272,8 @@ def test_capture_rules_match_sglangs_own_methods():
 
 
 def test_self_check_in_a_fresh_process_skips_the_in_tree_models_and_labels_other_plugins():
-    """issue 22: self-check took 18 s, most of it importing every in-tree SGLang model through
-    the registry, and listed other packages' entry points as if they were its own."""
+    """self-check once took 18 s, most of it importing every in-tree SGLang model through
+    the registry, and once listed other packages' entry points as if they were its own."""
     import json
     import os
     import subprocess

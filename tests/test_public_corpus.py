@@ -1,4 +1,4 @@
-"""The public-config corpus (issue 22, item 8): doctor's verdict on each published drafter,
+"""The public-config corpus: doctor's verdict on each published drafter,
 scaled by the one rule and built into a checkpoint, against its scaled target."""
 
 from __future__ import annotations

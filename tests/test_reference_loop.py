@@ -417,7 +417,7 @@ def test_evaluate_tau_summary(ref_target, ref_drafter):
 
 
 # --------------------------------------------------------------------------------------
-# Teacher-forced acceptance on a given continuation (issue 21 item 3)
+# Teacher-forced acceptance on a given continuation
 # --------------------------------------------------------------------------------------
 
 

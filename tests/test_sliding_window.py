@@ -1,4 +1,4 @@
-"""speculators' per-layer sliding window as SGLang serves it (issue 15, item 3).
+"""speculators' per-layer sliding window as SGLang serves it (SGLang 0.5.23 and 0.5.17).
 
 speculators keeps S = `sliding_window` keys per query, its own included
 (models/eagle3/attention.py: create_combined_mask_mod). SGLang 0.5.23's triton backend keeps
