@@ -8,7 +8,7 @@
 #   bash scripts/gpu_node.sh patched VERSION     patched copy of SGLang in /tmp/site_patched
 #   bash scripts/gpu_node.sh test [pytest args]  pytest -m gpu tests/gpu (results -> $OUT)
 #
-# Speed benchmark (issue 7), chunks from the training-first split .wh/s1..sN:
+# Speed benchmark, chunks from the training-first split .wh/s1..sN:
 #   bash scripts/gpu_node.sh speed-start [bench args]
 #                                                stage s1, install the training subset into
 #                                                /tmp/site-train, start fixtures + benchmark in
@@ -18,7 +18,7 @@
 #   bash scripts/gpu_node.sh speed-wait [SECS]   watch; fixture manifest + results -> $OUT
 #   bash scripts/gpu_node.sh speed-bench [args]  scripts/bench_speed.py -> $OUT (fixtures ready)
 #
-# The whole GPU suite with the seed case (issue 11), chunks from the training-first split:
+# The whole GPU suite with the seed case, chunks from the training-first split:
 #   bash scripts/gpu_node.sh suite-start [pytest args]
 #                                                stage s1, install the training subset, start
 #                                                make_fixtures (bf16 reference) || make_mla_fixtures,
@@ -34,7 +34,7 @@
 #                                                LOCK (sha256 or upstream-sha256); a stripped copy
 #                                                of the same name is set aside, then `install`
 #
-# SGLang 0.5.23 (GPU 0) and 0.5.17 (GPU 1) side by side on nvidia-h200-x2 (issue 15):
+# SGLang 0.5.23 (GPU 0) and 0.5.17 (GPU 1) side by side on nvidia-h200-x2:
 #   bash scripts/gpu_node.sh dual-start          carry .wh/s1: training subset, fixtures start
 #                                                (both fixture scripts + the window drafter)
 #   bash scripts/gpu_node.sh ferry-recv          carry .ferry/BUNDLE/part-KK + manifest.json,

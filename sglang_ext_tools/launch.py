@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# Flags that served on the H200 node with SGLang 0.5.17 (shared/gpu-node/README.md); the
+# Flags that served on the H200 node with SGLang 0.5.17 and 0.5.23; the
 # attention backend is a Server field (triton gave a cheaper EAGLE-3 cycle than flashinfer);
 # prefill CUDA graphs cost ~80 s.
 BASE_FLAGS = [

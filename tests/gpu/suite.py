@@ -30,7 +30,7 @@ RESULTS_DIR = Path(os.environ.get("SGLANG_EXT_RESULTS_DIR", Path(__file__).paren
 LOG_DIR = Path(os.environ.get("SGLANG_EXT_LOG_DIR", "/tmp/sglang-ext-logs"))
 PATCHED_SITE = os.environ.get("SGLANG_EXT_PATCHED_SITE")  # dir holding a patched `sglang`
 STARTUP_TIMEOUT = float(os.environ.get("SGLANG_EXT_STARTUP_TIMEOUT", "420"))
-# Two suites on one node (one per SGLang version, issue 15) need disjoint server ports.
+# Two suites on one node (one per SGLang version) need disjoint server ports.
 PORT_BASE = int(os.environ.get("SGLANG_EXT_PORT_BASE", "31000"))
 MAX_NEW_TOKENS = 256
 # Teacher-forced lossless rule: >= 8,000 scored tokens per server. llama 32 x 256, MLA 64 x 128.
@@ -222,7 +222,7 @@ def cluster():
     if gpu_count() >= 2:
         # Throughput pairs stay together on GPU 0; the checks that only need a server move to
         # GPU 1. TP=2 servers start later, alone (test_tp2.py): beside TP=1 servers they die
-        # with "The memory capacity is unbalanced" (shared/gpu-node/README.md).
+        # with "The memory capacity is unbalanced" (seen on nvidia-h200-x2, 2026-11-30).
         for server in servers:
             if server.name in (
                 "stock_speculators",

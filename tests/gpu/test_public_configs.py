@@ -1,4 +1,4 @@
-"""The public-config corpus on the GPU (issue 22, item 8): each published drafter (scaled by
+"""The public-config corpus on the GPU: each published drafter (scaled by
 tests/public_configs.py's rule, random weights in its published layout) served with the plugin
 next to a dummy-weight target built from the corpus target config (`--load-format dummy`),
 triton, 3/1/4. Doctor's verdict must equal the startup outcome, and requests must succeed.
