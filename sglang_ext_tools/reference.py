@@ -266,7 +266,8 @@ def aux_hidden_states(
     layer's output before the final norm), in the model's dtype -- what an SGLang target
     captures for the drafter at that id (``layers_to_capture`` = the same boundaries). E.g.
     ``aux_hidden_states(load_target(dir, "cuda", "bfloat16"), prompt_ids, [1, 30, 50])`` to
-    set against SGLang's captured aux states on the same prompt (the GPU suite's target-feature check).
+    set against SGLang's captured aux states on the same prompt (the suite's target-feature
+    check).
     """
     device = next(target.parameters()).device
     input_ids = torch.as_tensor(
