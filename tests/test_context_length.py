@@ -8,6 +8,7 @@ import json
 import logging
 
 import pytest
+from builders import TINY_SGLANG_DRAFTER_CONFIG
 from public_configs import write_sglang_drafter
 
 from sglang_ext import context_length as ctx
@@ -16,15 +17,7 @@ from sglang_ext import doctor
 
 def _drafter(tmp_path, name, **fields):
     config = {
-        "architectures": ["LlamaForCausalLMEagle3"],
-        "model_type": "llama",
-        "hidden_size": 64,
-        "num_hidden_layers": 1,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "intermediate_size": 128,
-        "vocab_size": 256,
-        "draft_vocab_size": 128,
+        **{k: v for k, v in TINY_SGLANG_DRAFTER_CONFIG.items() if k != "max_position_embeddings"},
         **fields,
     }
     return write_sglang_drafter(config, tmp_path / name)

@@ -310,17 +310,7 @@ def test_oracle_proposer_known_acceptance(ref_target, ref_drafter):
     pattern = [4, 0, 2, 1, 3, 4, 2, 0]
     prompt = _prompt(5, 16)
     base = ref.greedy_decode(target, prompt, new)
-    calls = {"n": 0}
-
-    def oracle(seq, aux, s):
-        assert aux.shape[0] == len(seq) - 1
-        cont = ref.greedy_decode(target, seq, s)
-        bad = pattern[calls["n"] % len(pattern)]
-        calls["n"] += 1
-        if bad < s:
-            cont[bad] = (cont[bad] + 1) % VOCAB
-        return cont
-
+    oracle = _pattern_oracle(target, pattern)
     res = ref.speculative_generate(target, drafter, prompt, num_steps, new, proposer=oracle)
     assert res.tokens == base
     expected = [pattern[c % len(pattern)] for c in range(res.num_cycles)]
@@ -426,6 +416,7 @@ def _pattern_oracle(target, pattern):
     calls = {"n": 0}
 
     def oracle(seq, aux, s):
+        assert aux.shape[0] == len(seq) - 1
         cont = ref.greedy_decode(target, seq, s)
         bad = pattern[calls["n"] % len(pattern)]
         calls["n"] += 1
