@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sglang_ext.acceptance import per_position_from_steps
+from sglang_ext.acceptance import per_position_from_steps, pooled_per_position
 from sglang_ext_tools.stats import bootstrap_ci
 
 
@@ -104,22 +104,17 @@ def per_position(rows: Sequence[Sequence[int]], positions: int) -> list[float | 
 
 
 def served_per_position(outputs: Sequence[dict]) -> list[float | None] | None:
-    """Pooled per-position acceptance of served outputs (sglang_ext's meta_info counts)."""
-    accepted = proposed = None
-    for output in outputs:
-        meta = output["meta_info"]
-        a, p = meta.get("spec_accepted_per_position"), meta.get("spec_proposed_per_position")
-        if a is None or p is None:
-            return None
-        accepted = (
-            list(a) if accepted is None else [x + y for x, y in zip(accepted, a, strict=True)]
-        )
-        proposed = (
-            list(p) if proposed is None else [x + y for x, y in zip(proposed, p, strict=True)]
-        )
-    if accepted is None:
+    """Pooled per-position acceptance of served outputs (sglang_ext's meta_info counts),
+    pooled as the plugin pools them (`acceptance.pooled_per_position`); None when any output
+    lacks the counts."""
+    metas = [o["meta_info"] for o in outputs]
+    keys = ("spec_accepted_per_position", "spec_proposed_per_position")
+    if not metas or any(m.get(k) is None for m in metas for k in keys):
         return None
-    return [round(x / y, 4) if y else None for x, y in zip(accepted, proposed, strict=True)]
+    pooled = pooled_per_position(
+        {"accepted_per_position": m[keys[0]], "proposed_per_position": m[keys[1]]} for m in metas
+    )
+    return [None if r is None else round(r, 4) for r in pooled]
 
 
 def compare(outputs: Sequence[dict], rows: Sequence[dict]) -> dict:
