@@ -63,6 +63,7 @@ __all__ = [
     "collect_hidden_states",
     "default_aux_layer_ids",
     "draft_chain",
+    "draft_every_position",
     "drafter_aux_layer_ids",
     "drafter_fc",
     "drafter_to_target_ids",
@@ -301,21 +302,34 @@ def drafter_to_target_ids(drafter, draft_ids: torch.Tensor) -> torch.Tensor:
 
 
 def _layer_masks(drafter, seq_len: int, dtype: torch.dtype, device) -> list[torch.Tensor]:
-    """Additive causal masks ``[1, 1, T, T]`` per drafter layer (sliding window per config).
-
-    Window semantics follow speculators' ``create_combined_mask_mod``: key ``k`` is visible
-    from query ``q`` iff ``k <= q`` and ``k > q - sliding_window``.
-    """
+    """Additive causal masks ``[1, 1, T, T]`` per drafter layer (sliding window per config)."""
     q = torch.arange(seq_len, device=device).unsqueeze(1)
     k = torch.arange(seq_len, device=device).unsqueeze(0)
-    causal = k <= q
+    positions = torch.arange(seq_len, device=device)
+    return _masks_from_visibility(drafter, k <= q, positions, dtype)
+
+
+def _masks_from_visibility(
+    drafter, visible: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype
+) -> list[torch.Tensor]:
+    """Additive masks ``[1, 1, T, T]`` per drafter layer from a boolean ``visible[q, k]``,
+    narrowed on sliding-window layers by the tokens' RoPE ``positions``.
+
+    Window semantics follow speculators' ``create_combined_mask_mod``: key ``k`` is visible
+    from query ``q`` iff ``k <= q`` and ``k > q - sliding_window`` (positions, so a token
+    appended after a context attends as it would at the end of that context).
+    """
     cache: dict[bool, torch.Tensor] = {}
     masks = []
     for idx in range(len(drafter.layers)):
         sliding = idx in drafter.sliding_window_indices and drafter.sliding_window is not None
         if sliding not in cache:
-            allowed = causal & (k > q - drafter.sliding_window) if sliding else causal
-            mask = torch.zeros(seq_len, seq_len, dtype=dtype, device=device)
+            allowed = visible
+            if sliding:
+                allowed = visible & (
+                    positions[None, :] > positions[:, None] - drafter.sliding_window
+                )
+            mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
             mask.masked_fill_(~allowed, float("-inf"))
             cache[sliding] = mask[None, None]
         masks.append(cache[sliding])
@@ -337,19 +351,27 @@ def full_attention(drafter) -> Iterator[None]:
 
 
 def _drafter_backbone(
-    drafter, token_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor
+    drafter,
+    token_ids: torch.Tensor,
+    hidden: torch.Tensor,
+    positions: torch.Tensor,
+    visible: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Causal pass of the drafter decoder stack over pairs ``(token_ids[i], hidden[i])``.
+    """Pass of the drafter decoder stack over pairs ``(token_ids[i], hidden[i])``.
 
     Returns the pre-norm output ``[T, H]``. Layer 0 is speculators' Eagle3 first layer
     (cat(input_layernorm(embeds), hidden_norm(hidden)), residual = hidden or normalized
     hidden if ``norm_before_residual``); layers >= 1 are ordinary decoder layers.
+    ``visible[q, k]`` (bool ``[T, T]``) says which pairs attend to which; default causal.
     """
     embeds = drafter.embed_tokens(token_ids)[None]
     x = torch.cat([embeds, hidden[None].to(embeds.dtype)], dim=-1)
     pos = positions[None]
     position_embeddings = drafter.rotary_emb(x, pos)
-    masks = _layer_masks(drafter, x.shape[1], x.dtype, x.device)
+    if visible is None:
+        masks = _layer_masks(drafter, x.shape[1], x.dtype, x.device)
+    else:
+        masks = _masks_from_visibility(drafter, visible, positions, x.dtype)
     for layer, mask in zip(drafter.layers, masks, strict=True):
         out = layer(
             x, attention_mask=mask, position_ids=pos, position_embeddings=position_embeddings
@@ -381,13 +403,8 @@ def draft_chain(
     num_steps: int,
     position_offset: int = 0,
     forced_tokens: Sequence[int] | None = None,
-    expected: Sequence[int] | None = None,
 ) -> ChainOutput:
     """Propose ``num_steps`` tokens after ``seq_ids`` with a topk=1 chain.
-
-    ``expected`` (target ids): stop at the first proposal that differs from it, since a
-    verifier rejects everything after it (teacher-forced acceptance needs no more); the
-    proposals made are the same as without it. Steps past ``expected``'s end still run.
 
     ``seq_ids`` = ``x_0..x_N`` (the newest token ``x_N`` has no aux state yet) and ``aux``
     = ``[N, K*H]`` aux states of ``x_0..x_{N-1}``. ``forced_tokens`` (target ids) replaces
@@ -413,13 +430,65 @@ def draft_chain(
         out.logits.append(logits.float())
         if step + 1 == num_steps:
             break
-        if expected is not None and step < len(expected) and target_id != expected[step]:
-            break
         next_token = target_id if forced_tokens is None else int(forced_tokens[step])
         tokens = torch.cat([tokens, torch.tensor([next_token], device=device)])
         hidden = torch.cat([hidden, feed[None].to(hidden.dtype)])
         positions = torch.cat([positions, positions[-1:] + 1])
     return out
+
+
+@torch.no_grad()
+def draft_every_position(
+    drafter,
+    seq_ids: Sequence[int],
+    aux: torch.Tensor,
+    num_steps: int,
+    position_offset: int = 0,
+) -> list[list[int]]:
+    """:func:`draft_chain`'s proposals for every cycle start of one sequence, at once.
+
+    Row ``b`` is ``draft_chain(drafter, seq_ids[: b + 2], aux[: b + 1], num_steps)``'s
+    ``target_ids`` (the cycle whose newest token is ``seq_ids[b + 1]``), for ``b`` in
+    ``0 .. len(seq_ids) - 2``. Instead of one causal recompute per cycle and step, step
+    ``s`` runs once over the ``N`` context pairs plus ``s - 1`` blocks of ``N`` appended
+    pairs: the pair appended at step ``r`` for start ``b`` sits at position ``b + r``, sees
+    the context pairs ``0..b``, the pairs appended for the same start before it and itself
+    -- what a causal pass over ``context[: b + 1] + appended`` computes, so the proposals
+    are the chain's (up to float summation order). Cost: ``num_steps`` drafter passes of at
+    most ``num_steps * N`` tokens per sequence instead of ~``cycles * num_steps`` passes.
+    """
+    n_ctx = len(seq_ids) - 1
+    if aux.shape[0] != n_ctx:
+        raise ValueError(f"aux has {aux.shape[0]} rows, expected len(seq_ids)-1={n_ctx}")
+    if n_ctx < 1:
+        return []
+    device = drafter.fc.weight.device
+    base_tokens = torch.as_tensor(list(seq_ids[1:]), dtype=torch.long, device=device)
+    base_hidden = drafter_fc(drafter, aux.to(device))
+    base_pos = torch.arange(n_ctx, device=device) + position_offset
+    idx = torch.arange(n_ctx, device=device)
+    context_visible = idx[None, :] <= idx[:, None]  # [query b, key j]: j <= b
+    same_start = torch.eye(n_ctx, dtype=torch.bool, device=device)
+    tokens, hidden, positions = [base_tokens], [base_hidden], [base_pos]
+    proposals: list[torch.Tensor] = []
+    for step in range(num_steps):
+        blocks = step + 1  # the context block and `step` appended blocks
+        visible = torch.zeros(blocks * n_ctx, blocks * n_ctx, dtype=torch.bool, device=device)
+        for r in range(blocks):
+            rows = slice(r * n_ctx, (r + 1) * n_ctx)
+            visible[rows, :n_ctx] = context_visible
+            for r2 in range(1, r + 1):
+                visible[rows, r2 * n_ctx : (r2 + 1) * n_ctx] = same_start
+        x = _drafter_backbone(
+            drafter, torch.cat(tokens), torch.cat(hidden), torch.cat(positions), visible
+        )
+        logits, feed = _drafter_head(drafter, x[step * n_ctx :])
+        target_ids = drafter_to_target_ids(drafter, torch.argmax(logits, dim=-1))
+        proposals.append(target_ids)
+        tokens.append(target_ids)
+        hidden.append(feed.to(base_hidden.dtype))
+        positions.append(base_pos + step + 1)
+    return torch.stack(proposals, dim=1).tolist()
 
 
 # --------------------------------------------------------------------------------------
@@ -579,17 +648,19 @@ def teacher_forced_acceptance(
         logits, aux_all = target_forward(target, prompt + cont, aux_layer_ids)
         greedy = torch.argmax(logits[len(prompt) - 1 : -1], dim=-1).tolist()
         disagreements = sum(int(g != t) for g, t in zip(greedy, cont, strict=True))
+    if cont and proposer is None:
+        # Every cycle start's proposals in num_steps batched passes (draft_every_position).
+        table = draft_every_position(
+            drafter, prompt + cont, aux_all[: len(prompt) + len(cont) - 1], num_steps,
+            position_offset,
+        )  # fmt: skip
     done = 1  # continuation tokens emitted so far (the prefill's first)
     while 0 < done < len(cont):
         seq = prompt + cont[:done]
         aux = aux_all[: len(seq) - 1]
         left = len(cont) - done
         if proposer is None:
-            # Drafting stops at the first mismatch with the continuation: fewer drafter
-            # forwards, the same proposals up to there, so the same acceptance.
-            drafts = draft_chain(
-                drafter, seq, aux, num_steps, position_offset, expected=cont[done:]
-            ).target_ids
+            drafts = table[len(seq) - 2]
         else:
             drafts = [int(t) for t in proposer(list(seq), aux, num_steps)]
             if len(drafts) != num_steps:

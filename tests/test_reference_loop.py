@@ -411,6 +411,30 @@ def test_evaluate_tau_summary(ref_target, ref_drafter):
 # --------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    "layers, window, norm_output, offset", [(1, 2048, True, 0), (2, 5, False, 1), (3, 7, True, 0)]
+)
+def test_every_position_at_once_is_the_chain_at_each_start(
+    ref_target_dir, ref_target, layers, window, norm_output, offset
+):
+    """The batched proposals (one pass per step over all cycle starts) are draft_chain's at
+    every start: multi-layer drafters, a window shorter than the context (so appended pairs
+    must see exactly the last keys the chain sees), pre-/post-norm feeds, RoPE offsets."""
+    drafter = make_drafter(
+        ref_target_dir, num_layers=layers, seed=layers, sliding_window=window,
+        norm_output=norm_output, keep_zero=False,
+    )  # fmt: skip
+    ids = _prompt(70 + layers, 23)
+    _, aux = ref.target_forward(ref_target, ids, AUX_IDS)
+    table = ref.draft_every_position(drafter, ids, aux[: len(ids) - 1], 3, offset)
+    assert len(table) == len(ids) - 1
+    for b in range(len(ids) - 1):
+        chain = ref.draft_chain(drafter, ids[: b + 2], aux[: b + 1], 3, offset)
+        assert table[b] == chain.target_ids, b
+    distinct = {tuple(row) for row in table}
+    assert len(distinct) > 3  # proposals vary with the start: the comparison is not vacuous
+
+
 def _pattern_oracle(target, pattern):
     """Proposes the target's greedy continuation with slot ``pattern[call]`` corrupted."""
     calls = {"n": 0}
