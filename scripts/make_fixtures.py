@@ -270,6 +270,12 @@ def parse_args(argv=None):
     )
     p.add_argument("--ref-prompts-other", type=int, default=None)
     p.add_argument(
+        "--window-ref-prompts",
+        type=int,
+        default=None,
+        help="long prompts for the window drafter's free-running references (default: all)",
+    )
+    p.add_argument(
         "--draft-attn-impl", choices=("sdpa", "eager", "simple_flex_attention"), default="sdpa"
     )
     p.add_argument(
@@ -750,7 +756,7 @@ def main(argv=None) -> int:  # noqa: C901 - a linear sequence of stages
             result = window_reference(
                 out,
                 "llama-target",
-                window_prompts,
+                window_prompts[: args.window_ref_prompts or len(window_prompts)],
                 args,
                 args.max_new_tokens or scale.window["max_new_tokens"],
             )

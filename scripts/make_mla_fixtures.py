@@ -114,10 +114,10 @@ FULL = MlaScale(
     # Small layers in pairs around the captured boundaries 1, 30, 50 (module docstring).
     placement=(0, 1, 29, 30, 49, 50),
     seed_aux_ids=(50,),
-    # 64 held-out prompts (TrainScale.num_prompts, all that `base` writes) for tau by
-    # equivalence. The bf16 reference took 43.5 s for 16 x 128 on the H200 (2026-12-01,
-    # stage drafter 163 s), so 64 cost ~175 s: ~130 s more GPU time per fixture build.
-    reference=dict(prompts=64, max_new_tokens=128, steps=3),
+    # The free-running bf16 reference (its own continuation, recorded beside the served tau):
+    # 16 held-out prompts, 43.5 s on the H200 (2026-12-01). tau equivalence is judged like
+    # for like on the served text in the GPU suite (64 prompts), not against this run.
+    reference=dict(prompts=16, max_new_tokens=128, steps=3),
 )
 TINY = MlaScale(
     name="tiny",

@@ -176,7 +176,9 @@ def test_placements_expose_every_shift(mla_script):
     for scale in (mla_script.FULL, mla_script.TINY):
         mla_script.check_neighbours_differ(scale)
     assert mla_script.deep_aux_ids(mla_script.FULL) == [1, 30, 50]
-    assert mla_script.FULL.reference["prompts"] >= 64
+    # the GPU suite's MLA tau equivalence (like for like) runs on 64 held-out prompts; the
+    # free-running reference (recorded beside it) on a subset of them
+    assert mla_script.FULL.num_prompts >= 64
     assert mla_script.FULL.num_prompts >= mla_script.FULL.reference["prompts"]
     old = mla_script.dataclasses.replace(mla_script.TINY, placement=(0, 2, 3, 4, 6, 7))
     with pytest.raises(ValueError, match="same"):
