@@ -3,7 +3,9 @@ config.json, scaled down by one rule, built into tiny checkpoints in their publi
 
 THE RULE (also in README.md beside the configs), applied to every nested config:
 - width fields (WIDTH_FIELDS) become ceil(value / 64) rounded up to a multiple of 16 (MLA's
-  kv_lora_rank and qk_rope_head_dim are kept: the served latent width must stay kernel-valid);
+  kv_lora_rank and qk_rope_head_dim are kept: the served latent width must stay kernel-valid;
+  q_lora_rank is then rounded up to a multiple of 64, ALIGNED_FIELDS: the kv latent after it
+  must stay 128-byte aligned);
 - head counts become the largest power of two <= value / 16 (at least 2; kv heads at most
   that, dividing it); an explicit head_dim becomes hidden_size / heads;
 - expert counts are capped (EXPERT_CAPS) and a target's depth at TARGET_MAX_LAYERS;
@@ -32,6 +34,11 @@ WIDTH_FIELDS = (
 # kv_lora_rank and qk_rope_head_dim stay as published (512 + 64): SGLang's MLA decode kernels
 # serve only some latent widths (triton: 576 or 288), so scaling them would make every MLA
 # config fail at CUDA-graph capture for a reason no published checkpoint has.
+# q_lora_rank, scaled, is then rounded up to a multiple of 64: SGLang fuses q_a and kv_a into
+# one projection whose output holds the q latent first, and flashinfer's rmsnorm on the kv
+# latent slice after it needs 128-byte alignment ("Misaligned Tensor data ... expected data
+# alignment=128 bytes" with 32, H200, 2026-12-01); published ranks (1536) are multiples of 64.
+ALIGNED_FIELDS = {"q_lora_rank": 64}
 EXPERT_CAPS = {"n_routed_experts": 8, "num_local_experts": 8, "num_experts_per_tok": 2,
                "experts_per_token": 2, "n_group": 1, "topk_group": 1}
 TARGET_MAX_LAYERS = 64
@@ -62,7 +69,8 @@ def scale_config(config: dict, *, target: bool = False) -> dict:
             if isinstance(value, dict):
                 walk(value)
             elif key in WIDTH_FIELDS and _is_int(value):
-                node[key] = scaled_width(value)
+                align = ALIGNED_FIELDS.get(key, 1)
+                node[key] = align * math.ceil(scaled_width(value) / align)
             elif key in EXPERT_CAPS and _is_int(value):
                 node[key] = min(value, EXPERT_CAPS[key])
         if _is_int(node.get("num_attention_heads")):

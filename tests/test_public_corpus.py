@@ -31,6 +31,18 @@ def test_the_rule_changes_only_sizes():
     assert (scaled_width(4096), scaled_width(2880), scaled_heads(56)) == (64, 48, 2)
 
 
+def test_the_scaled_mla_q_rank_keeps_the_kv_latent_aligned():
+    """SGLang's fused q_a/kv_a output holds the q latent first; the kv latent slice after it
+    must start 128 bytes in (bf16: a multiple of 64), or flashinfer's rmsnorm refuses it at
+    the first forward (the H200 run of 2026-12-01: q rank 32 -> 'Misaligned Tensor data')."""
+    for name in ("target-deepseek-v3.json", "target-kimi-k2.5-text.json",
+                 "kimi-k2.5-eagle3-mla.json"):
+        config = json.loads((CORPUS / name).read_text())
+        scaled = scale_config(config, target=name.startswith("target-"))
+        assert scaled["q_lora_rank"] % 64 == 0 and scaled["q_lora_rank"] < config["q_lora_rank"]
+        assert scaled["kv_lora_rank"] == config["kv_lora_rank"]
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_doctor_verdict_on_the_corpus(tmp_path, name):
     drafter, target, entry = build(name, tmp_path)
