@@ -91,14 +91,21 @@ sync_latest() {
     rm -rf /tmp/repo-latest && mv /tmp/repo-next /tmp/repo-latest
 }
 # make_fixtures (VARIANTS, bf16 reference) || make_mla_fixtures, on GPU FIX_GPU and MLA_GPU
-# ("": every GPU), logs in $SUITE; sets ok=1 when both succeed.
+# ("": every GPU), logs in $SUITE; each writes READY or FAILED into its folder when it ends
+# (a suite started beside them waits for that: SGLANG_EXT_FIXTURES_WAIT_S); sets ok=1 when
+# both succeed. The free-running references are recorded only (tau is judged like for like
+# in the suite), so they run on a few prompts: $FIXTURE_REF_ARGS.
 train_fixtures() {
-    env ${2:+CUDA_VISIBLE_DEVICES=$2} PYTHONPATH="$TRAIN_SITE" python3 scripts/make_fixtures.py \
+    rm -f "$FIX/READY" "$FIX/FAILED" "$MLA/READY" "$MLA/FAILED"
+    # shellcheck disable=SC2086  # flags, split on purpose
+    (env ${2:+CUDA_VISIBLE_DEVICES=$2} PYTHONPATH="$TRAIN_SITE" python3 scripts/make_fixtures.py \
         --out "$FIX" --scale full --device cuda --ref-dtype bfloat16 --overwrite \
-        --variants "$1" >"$SUITE/fixtures.log" 2>&1 &
+        --variants "$1" ${FIXTURE_REF_ARGS:---ref-prompts 16 --ref-prompts-other 8 --window-ref-prompts 8} \
+        >"$SUITE/fixtures.log" 2>&1 && touch "$FIX/READY") || { mkdir -p "$FIX"; touch "$FIX/FAILED"; false; } &
     local p1=$!
-    env ${3:+CUDA_VISIBLE_DEVICES=$3} PYTHONPATH="$TRAIN_SITE" python3 \
-        scripts/make_mla_fixtures.py --stage all --out "$MLA" --device cuda >"$SUITE/mla.log" 2>&1 &
+    (env ${3:+CUDA_VISIBLE_DEVICES=$3} PYTHONPATH="$TRAIN_SITE" python3 \
+        scripts/make_mla_fixtures.py --stage all --out "$MLA" --device cuda >"$SUITE/mla.log" 2>&1 \
+        && touch "$MLA/READY") || { mkdir -p "$MLA"; touch "$MLA/FAILED"; false; } &
     local p2=$!
     ok=1
     wait "$p1" || ok=0
@@ -323,30 +330,17 @@ one-start)
     start_detached one-pipeline "$SUITE" SUITE_PYTEST_ARGS "$@"
     ;;
 one-pipeline)
-    # fixtures || MLA fixtures (one GPU), and meanwhile (after one-install) the public-config
-    # phase, which needs no fixture -> the 0.5.23 suite with the newest checkout synced by
-    # one-install, its results folding in the public phase's; ends with DONE or FAILED.
+    # fixtures || MLA fixtures (one GPU), and from one-install on, one pytest process of the
+    # 0.5.23 suite with the newest checkout synced by one-install: the public-config corpus
+    # first (no fixture needed), then the llama servers once their fixtures are READY, the
+    # MLA servers in the background once theirs are (tests/gpu/suite.py); ends with DONE.
     cd /tmp/repo
-    (
-        train_fixtures "${FIXTURE_VARIANTS:-llama,llama3layer,random,qwen3,sglang4layer,window}" "" ""
-        echo "$ok" >"$SUITE/FIXTURES-OK"
-    ) &
-    trainer=$!
+    train_fixtures "${FIXTURE_VARIANTS:-llama,llama3layer,random,qwen3,sglang4layer,window}" "" "" &
     while [ ! -f "$INSTALLED" ]; do sleep 2; done
     rm -rf /tmp/repo-suite && cp -r /tmp/repo-latest /tmp/repo-suite && cd /tmp/repo-suite
-    bash scripts/gpu_node.sh public-on /tmp/site523 32500 || true
-    wait "$trainer" || true
-    ok=$(cat "$SUITE/FIXTURES-OK" 2>/dev/null || echo 0)
-    touch "$SUITE/FIXTURES-$ok"
-    if [ "$ok" = 1 ]; then
-        earlier=$(ls "$SUITE"/public/integration-*.json 2>/dev/null | head -n 1)
-        SGLANG_EXT_EARLIER_RESULTS=$earlier SUITE_LIMIT=${SUITE_LIMIT:-1200} \
-            SUITE_PYTEST_ARGS="--ignore=tests/gpu/test_public_configs.py ${SUITE_PYTEST_ARGS:-}" \
-            bash scripts/gpu_node.sh suite-on 0.5.23 /tmp/site523 0 32000 || true
-        touch "$SUITE/DONE"
-    else
-        touch "$SUITE/FAILED"
-    fi
+    SGLANG_EXT_FIXTURES_WAIT_S=${FIXTURES_WAIT_S:-900} SUITE_LIMIT=${SUITE_LIMIT:-1200} \
+        bash scripts/gpu_node.sh suite-on 0.5.23 /tmp/site523 0 32000 || true
+    touch "$SUITE/DONE"
     ;;
 public-on)
     # SITE PORT_BASE: the published-drafter corpus against dummy targets (no fixture needed)
@@ -373,16 +367,13 @@ one-wait)
     grep -h "make_fixtures\|Error\|error\|done in" "$SUITE"/fixtures.log "$SUITE"/mla.log 2>/dev/null \
         | tail -n 12
     res="$SUITE/sglang0.5.23"
-    tail -n 8 "$SUITE/public/pytest.log" 2>/dev/null
     tail -n 30 "$res/pytest.log" 2>/dev/null
     cp "$res"/integration-*.json "$res/pytest.log" "$OUT"/ 2>/dev/null || true
-    cp "$SUITE/public/pytest.log" "$OUT/pytest-public.log" 2>/dev/null || true
     cp "$FIX/fixtures.json" "$MLA/mla-fixtures.json" "$OUT"/ 2>/dev/null || true
     tar -czf "$OUT/suite-logs.tgz" -C "$SUITE" pipeline.log fixtures.log mla.log \
         sglang0.5.23/patched.log 2>/dev/null || true
     (cd /tmp/sglang-ext-logs-0.5.23 2>/dev/null && tar -czf "$OUT/server-logs-0.5.23.tgz" \
-        server-mla_* server-plugin.log server-nospec.log server-window.log server-patched.log) \
-        2>/dev/null || true
+        server-*.log bench-stdout.txt) 2>/dev/null || true
     nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
     [ -f "$SUITE/DONE" ]
     ;;
@@ -456,6 +447,9 @@ install-523)
         [ -e "/tmp/site523/nvidia/$(basename "$d")" ] || ln -s "$d" "/tmp/site523/nvidia/$(basename "$d")"
     done
     ls /tmp/site523/nvidia
+    # pip ran with --no-compile (fast); dozens of server processes would each compile the same
+    # sources at startup. Once here, on every core, instead.
+    python3 -m compileall -q -j 0 /tmp/site523 >/dev/null 2>&1 || true
     SGLANG_EXT_SITE=/tmp/site523 bash scripts/gpu_node.sh site-check
     ;;
 install-site)

@@ -37,3 +37,67 @@ def test_no_earlier_phase_changes_nothing(monkeypatch):
     data = {"outcomes": {}}
     suite.merge_earlier_phase(data)
     assert data == {"outcomes": {}}
+
+
+class _FakeServer:
+    def __init__(self, name):
+        self.name, self.stopped = name, False
+
+    def alive(self):
+        return not self.stopped
+
+    def stop(self):
+        self.stopped = True
+
+
+def test_background_servers_join_the_cluster_and_only_keeps_the_named(monkeypatch):
+    """The MLA servers start in a thread (suite.Cluster.start_background) while the llama
+    tests run; join_background adds what launch started, only() stops the rest."""
+    import threading
+
+    gate = threading.Event()
+
+    def fake_launch(servers, key):
+        gate.wait(5)  # still starting when the first tests run
+        return [s for s in servers if s.name != "left_out"]  # as SGLANG_EXT_SERVERS filters
+
+    monkeypatch.setattr(suite, "launch", fake_launch)
+    cluster = suite.Cluster({"plugin": _FakeServer("plugin"), "nospec": _FakeServer("nospec")})
+    built = [_FakeServer(n) for n in ("mla_nospec", "mla_tree", "left_out")]
+    cluster.start_background(lambda: built, "startup_mla")
+    assert "mla_tree" not in cluster.keys()  # not joined yet
+    gate.set()
+    assert cluster.join_background() is cluster
+    assert sorted(cluster) == ["mla_nospec", "mla_tree", "nospec", "plugin"]
+    assert cluster.background_servers == tuple(built)  # all of them stopped at teardown
+    assert cluster.only({"plugin", "mla_tree"}) == ["mla_tree", "plugin"]
+    assert cluster["nospec"].stopped and not cluster["plugin"].stopped
+
+
+def test_a_background_failure_surfaces_in_the_test_that_joins(monkeypatch):
+    import pytest
+
+    def build():
+        raise RuntimeError("fixtures broke")
+
+    cluster = suite.Cluster()
+    cluster.start_background(build, "startup_mla")
+    with pytest.raises(RuntimeError, match="fixtures broke"):
+        cluster.join_background()
+
+
+def test_fixtures_ready_waits_for_the_marker(tmp_path, monkeypatch):
+    import pytest
+
+    (tmp_path / "prompts.jsonl").write_text("{}\n")
+    monkeypatch.setattr(suite, "FIXTURES_WAIT_S", None)
+    assert suite.fixtures_ready(tmp_path, "prompts.jsonl")  # no wait: what is there
+    assert not suite.fixtures_ready(tmp_path, "absent")
+    monkeypatch.setattr(suite, "FIXTURES_WAIT_S", "0.2")
+    with pytest.raises(pytest.fail.Exception, match="no READY marker"):
+        suite.fixtures_ready(tmp_path, "prompts.jsonl")
+    (tmp_path / "READY").touch()
+    assert suite.fixtures_ready(tmp_path, "prompts.jsonl")
+    (tmp_path / "FAILED").touch()
+    with pytest.raises(pytest.fail.Exception, match="failed"):
+        suite.fixtures_ready(tmp_path, "prompts.jsonl")

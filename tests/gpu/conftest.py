@@ -18,14 +18,23 @@ def _cuda_available() -> bool:
         return False
 
 
-def _phase(item) -> int:
-    """Run order: the first-phase tests, then `late` (the soak), then `alone` (tests that stop
-    every other server first), then the TP=2 phase (which stops the TP=1 servers)."""
-    if Path(item.path).name == "test_tp2.py":
-        return 3
+def _phase(item) -> float:
+    """Run order, one pytest process on one GPU: the public-config corpus (dummy targets, no
+    trained fixture: it runs while the fixtures train), then the llama tests (the MLA
+    servers start in the background meanwhile), the seed case, `alone` (timed tests that
+    stop every server but suite.ALONE_KEEP first; the seed case's speed before the others),
+    `late` (the soak, on the plugin server, once the timing is done), and the TP=2 phase
+    (which stops the TP=1 servers)."""
+    name = Path(item.path).name
+    if name == "test_tp2.py":
+        return 5
+    if item.get_closest_marker("late"):
+        return 4
     if item.get_closest_marker("alone"):
-        return 2
-    return 1 if item.get_closest_marker("late") else 0
+        return 3 if name == "test_seed_case.py" else 3.5
+    if name == "test_public_configs.py":
+        return 0
+    return 2 if name == "test_seed_case.py" else 1
 
 
 def pytest_collection_modifyitems(config, items):

@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -30,6 +31,9 @@ RESULTS_DIR = Path(os.environ.get("SGLANG_EXT_RESULTS_DIR", Path(__file__).paren
 LOG_DIR = Path(os.environ.get("SGLANG_EXT_LOG_DIR", "/tmp/sglang-ext-logs"))
 PATCHED_SITE = os.environ.get("SGLANG_EXT_PATCHED_SITE")  # dir holding a patched `sglang`
 STARTUP_TIMEOUT = float(os.environ.get("SGLANG_EXT_STARTUP_TIMEOUT", "420"))
+# Fixtures still training when the suite starts (scripts/gpu_node.sh one-pipeline): wait up
+# to this long for their READY (or FAILED) marker; unset: use what is there.
+FIXTURES_WAIT_S = os.environ.get("SGLANG_EXT_FIXTURES_WAIT_S")
 # Two suites on one node (one per SGLang version) need disjoint server ports.
 PORT_BASE = int(os.environ.get("SGLANG_EXT_PORT_BASE", "31000"))
 MAX_NEW_TOKENS = 256
@@ -44,6 +48,13 @@ JSONL = LOG_DIR / "acceptance-plugin.jsonl"
 ALARM_JSONL = LOG_DIR / "acceptance-random.jsonl"
 CHAIN, TREE = (3, 1, 4), (3, 4, 5)  # the seed ran topk 4 with 5 draft tokens
 WINDOW_DRAFTER = "window-drafter"  # trained with a binding sliding window (fixtures_window)
+
+# The timed tests (marker `alone`) run last with only these servers up, idle but for the
+# one being timed: the seed case's speed triple, the metrics on/off pair, the bench pair.
+# The first of them stops every other server (dozens of idle servers starve the CPU).
+ALONE_KEEP = frozenset(
+    {"mla_nospec", "mla_stock_seed", "mla_tree", "plugin", "plugin_nometrics", "nospec"}
+)
 
 RESULTS: dict = {}
 
@@ -141,16 +152,74 @@ def served_tau(outputs: list[dict]) -> float:
     return tau_compare.tau([tau_compare.served_counts(o) for o in outputs])
 
 
+def fixtures_ready(root: Path, marker: str, cancel: threading.Event | None = None) -> bool:
+    """Whether the fixtures under ``root`` can be used: with $SGLANG_EXT_FIXTURES_WAIT_S set
+    (fixtures training beside the suite), wait that long for ``root/READY`` and fail on
+    ``root/FAILED``; otherwise whether ``root/marker`` exists."""
+    if FIXTURES_WAIT_S is None:
+        return (root / marker).exists()
+    deadline = time.time() + float(FIXTURES_WAIT_S)
+    while time.time() < deadline and not (cancel and cancel.is_set()):
+        if (root / "FAILED").exists():
+            pytest.fail(f"the fixture build for {root} failed (its log is beside the suite's)")
+        if (root / "READY").exists():
+            return (root / marker).exists()
+        time.sleep(5)
+    pytest.fail(f"no READY marker in {root} after {FIXTURES_WAIT_S} s")
+
+
 class Cluster(dict):
-    """name -> Server; a test that needs a server left out by SGLANG_EXT_SERVERS skips."""
+    """name -> Server; a test that needs a server left out by SGLANG_EXT_SERVERS skips.
+
+    The MLA servers start in a background thread once their fixtures are ready (they train
+    longer than the llama ones), while the llama tests run; `join_background` waits for
+    them and adds them (the seed-case tests, the soak and the timed tests call it)."""
+
+    background: threading.Thread | None = None
+    background_servers: tuple = ()  # built in the background (stopped at teardown)
+    background_error: BaseException | None = None
 
     def __missing__(self, name: str):
         pytest.skip(f"server {name!r} not started (SGLANG_EXT_SERVERS)")
 
+    def start_background(self, build, key: str) -> None:
+        started: list[Server] = []
+        self.cancel = threading.Event()  # the session is ending: stop waiting for fixtures
+
+        def run():
+            try:
+                servers = build()
+                self.background_servers = tuple(servers)
+                started.extend(launch(servers, key))
+            except BaseException as exc:  # noqa: BLE001 - re-raised by join_background
+                self.background_error = exc
+
+        self._background_started = started
+
+        self.background = threading.Thread(target=run, name="mla-servers", daemon=True)
+        self.background.start()
+
+    def join_background(self, timeout: float | None = None) -> Cluster:
+        if self.background is not None:
+            self.background.join(timeout)
+            if self.background.is_alive():  # teardown only: its servers are stopped anyway
+                return self
+            self.background = None
+            self.update({s.name: s for s in self._background_started})
+            if self.background_error is not None:
+                raise self.background_error
+        return self
+
+    def only(self, keep) -> list[str]:
+        """Stop every server not in ``keep``; return the names still running."""
+        self.join_background()
+        stop([s for name, s in self.items() if name not in keep])
+        return sorted(name for name, s in self.items() if s.alive())
+
 
 @pytest.fixture(scope="session")
 def cluster():
-    if not (FIXTURES / "prompts.jsonl").exists():
+    if not fixtures_ready(FIXTURES, "prompts.jsonl"):
         pytest.skip(f"no fixtures in {FIXTURES}: run scripts/make_fixtures.py first")
     from sglang_ext.convert import convert
 
@@ -218,7 +287,6 @@ def cluster():
                 max_bs=4,
             )
         )
-    servers += mla_servers(port)
     if gpu_count() >= 2:
         # Throughput pairs stay together on GPU 0; the checks that only need a server move to
         # GPU 1. TP=2 servers start later, alone (test_tp2.py): beside TP=1 servers they die
@@ -232,21 +300,31 @@ def cluster():
                 "three_layer",
                 "qwen3",
                 "window",
-                "mla_stock_seed",
-                "mla_guard_seed",
-                "mla_stock_nocapture",
-                "mla_guard_nocapture",
             ):
                 server.gpu = 1
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     for path in (JSONL, ALARM_JSONL):
         path.unlink(missing_ok=True)
     shutil.rmtree(AUX_DUMP, ignore_errors=True)  # no dump of an earlier run may match
+    started = Cluster()
     try:
-        with running(servers, "startup") as started:
-            yield started
+        started.update({s.name: s for s in launch(servers, "startup")})
+
+        def build_mla() -> list[Server]:
+            if not fixtures_ready(MLA_FIXTURES, "deep-target", started.cancel):
+                return []
+            return mla_servers(port)
+
+        started.start_background(build_mla, "startup_mla")
+        yield started
     finally:
-        write_results()
+        try:
+            if started.background is not None:
+                started.cancel.set()
+                started.join_background(timeout=15)
+        finally:
+            stop(list(started.values()) + list(started.background_servers))
+            write_results()
 
 
 @contextlib.contextmanager
@@ -394,6 +472,7 @@ def llama_baseline(cluster):
 
 @pytest.fixture(scope="session")
 def mla_baseline(cluster):
+    cluster.join_background()
     if "mla_nospec" not in cluster:
         pytest.skip(f"no MLA fixtures in {MLA_FIXTURES}: run scripts/make_mla_fixtures.py")
     prompts = load_prompts(MLA_FIXTURES)[:MLA_LOSSLESS_PROMPTS]

@@ -21,6 +21,7 @@ import pytest
 from harness import timed_tokens_per_s
 from suite import (
     ALARM_JSONL,
+    ALONE_KEEP,
     FIXTURES,
     JSONL,
     LOG_DIR,
@@ -211,7 +212,11 @@ def test_fusion_guard_fails_at_startup_where_stock_crashes_on_first_request(clus
 # -- throughput, bench, metrics ---------------------------------------------------------------
 
 
+@pytest.mark.alone
 def test_bench_client_against_baseline(cluster, tmp_path):
+    """`sglang-ext bench` against the suite's own side-by-side timing of the same requests,
+    both with only the timed servers up (suite.ALONE_KEEP)."""
+    running = cluster.only(ALONE_KEEP)
     out = tmp_path / "bench.json"
     cmd = [
         sys.executable,
@@ -268,6 +273,7 @@ def test_bench_client_against_baseline(cluster, tmp_path):
         bench_speedup_allowed=allowed,
         suite_tau=round(suite_tau, 4),
         bench_tau=round(bench_tau, 4),
+        servers_running=running,
     )
     assert "speedup" in proc.stdout.lower()
     assert allowed[0] <= bench_speedup <= allowed[1], RESULTS["bench"]
@@ -338,9 +344,12 @@ def test_random_drafter_triggers_the_alarm(cluster):
     assert fired_after is not None and fired_after <= 20 + 1  # +1: SGLang's warmup request
 
 
+@pytest.mark.alone
 def test_metrics_overhead_at_concurrency_32(cluster):
     """Metrics on vs off at concurrency 32: 12 paired rounds (order alternating ABBA); the
-    throughput ratio's 95 % interval (rounds resampled) must start at 0.97 or above."""
+    throughput ratio's 95 % interval (rounds resampled) must start at 0.97 or above.
+    Measured with only the timed servers up (suite.ALONE_KEEP), none of them busy."""
+    running = cluster.only(ALONE_KEEP)
     prompts = [p["input_ids"] for p in load_prompts()] * 2
     for name in ("plugin", "plugin_nometrics"):  # warm-up, not counted: the 2026-12-01 run's
         timed_tokens_per_s(cluster[name], prompts, 128, 32)  # first rounds ran at 1/3 speed
@@ -358,6 +367,7 @@ def test_metrics_overhead_at_concurrency_32(cluster):
     RESULTS["metrics"]["overhead_ratio"] = round(sum(on) / sum(off), 4)
     RESULTS["metrics"]["overhead_ratio_ci95"] = ci
     RESULTS["metrics"]["overhead_rounds_tok_s"] = {"metrics_on": on, "metrics_off": off}
+    RESULTS["metrics"]["overhead_servers_running"] = running
     assert ci[0] >= 0.97, RESULTS["metrics"]
 
 

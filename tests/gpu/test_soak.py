@@ -2,7 +2,8 @@
 minutes, one request in ten disconnected by its client mid-stream. No server error, exactly
 one acceptance record per finished request (what an aborted one gets is recorded), the
 records' sums equal SGLang's own counters over the same window, GPU memory flat after
-warm-up. Runs after the other first-phase tests (marker `late`, see conftest.py)."""
+warm-up. Runs after every other TP=1 test, the timed ones included (marker `late`, see
+conftest.py)."""
 
 from __future__ import annotations
 
@@ -81,6 +82,7 @@ def records_by_rid() -> dict[str, list[dict]]:
 
 @pytest.mark.late
 def test_soak_64_streams_with_client_aborts(cluster):
+    cluster.join_background()  # no server may be starting while GPU memory is watched
     server = cluster["plugin"]
     assert server.status == "ready", server.log_text()[-3000:]
     prompts = [p["input_ids"] for p in load_prompts()]

@@ -30,7 +30,6 @@ from suite import (
     prometheus_value,
     running,
     served_tau,
-    stop,
 )
 
 pytestmark = pytest.mark.skipif(gpu_count_safe() < 2, reason="TP=2 needs 2 GPUs")
@@ -41,7 +40,7 @@ LOSSLESS_PROMPTS = 32
 
 @pytest.fixture(scope="module")
 def tp2(cluster):
-    stop(cluster.values())  # phase 1 is over: TP=2 servers start on empty GPUs
+    cluster.only(())  # the TP=1 phases are over: TP=2 servers start on empty GPUs
     llama, drafter = str(FIXTURES / "llama-target"), str(FIXTURES / "llama-drafter")
     port = iter(range(PORT_BASE + 201, PORT_BASE + 300))
     metrics_env = {"SGLANG_EXT_ACCEPTANCE_JSONL": str(JSONL_TP2)}
