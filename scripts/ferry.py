@@ -28,6 +28,9 @@ from pathlib import Path
 
 PART_BYTES = 60_000_000  # 10^6-byte MB, like wheelhouse.py's chunks
 CHUNK = 1 << 20
+# What one device call may carry: the working tree that travels plus the carried paths.
+CALL_LIMIT_BYTES = 64 * 2**20
+MANIFEST_MARGIN = 64 * 2**10  # the manifest.json that travels with each part
 
 
 class FerryError(Exception):
@@ -40,6 +43,38 @@ def sha256_of(path: Path) -> str:
         for block in iter(lambda: handle.read(CHUNK), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def travelling_tree_bytes(root: Path) -> int | None:
+    """Bytes of what a device call sends of the checkout at ``root``: tracked files and
+    untracked ones git does not ignore (None outside a git checkout)."""
+    import subprocess
+
+    try:
+        listed = subprocess.run(
+            ["git", "-C", str(root), "ls-files", "-z", "--cached", "--others",
+             "--exclude-standard"],
+            capture_output=True, check=True,
+        ).stdout  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    names = {name for name in listed.decode().split("\0") if name}
+    return sum((root / name).stat().st_size for name in names if (root / name).is_file())
+
+
+def check_fits_one_call(part_bytes: int, tree_bytes: int | None) -> None:
+    """A part travels beside the working tree: both together must stay within one call's
+    limit, or every ferry-recv call is refused (the 2026-12-01 run: a 3.16 MB tree and
+    64,000,000-byte parts came to 67.16 MB, over 64 MiB)."""
+    if tree_bytes is None:
+        return
+    room = CALL_LIMIT_BYTES - tree_bytes - MANIFEST_MARGIN
+    if part_bytes > room:
+        raise FerryError(
+            f"--part-bytes {part_bytes:,} + the working tree's {tree_bytes:,} bytes + the "
+            f"manifest exceed one device call's {CALL_LIMIT_BYTES:,} bytes: use "
+            f"--part-bytes {room:,} or less, or make the tree smaller"
+        )
 
 
 def split(path: Path, out: Path, part_bytes: int = PART_BYTES) -> Path:
@@ -165,6 +200,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "split":
+            check_fits_one_call(args.part_bytes, travelling_tree_bytes(Path.cwd()))
             manifest = split(args.file, args.out, args.part_bytes)
             count = len(read_manifest(manifest)["parts"])
             print(f"{manifest}: {count} part(s)")

@@ -88,3 +88,24 @@ def test_the_real_lock_records_the_unstripped_kernel():
     """The lock gives the FA3/FlashMLA-carrying kernel wheel's hash (upstream-sha256)."""
     lock = ROOT / "locks" / "sglang-0.5.17-h200-cu130-py312.lock"
     assert len(ferry.lock_hashes(lock, NAME)) == 2
+
+
+def test_a_part_that_cannot_travel_beside_the_tree_is_refused():
+    """The limit counts the part, its manifest and the working tree together."""
+    room = ferry.CALL_LIMIT_BYTES - 3_161_150 - ferry.MANIFEST_MARGIN
+    ferry.check_fits_one_call(room, 3_161_150)
+    with pytest.raises(ferry.FerryError, match="use --part-bytes"):
+        ferry.check_fits_one_call(64_000_000, 3_161_150)
+    ferry.check_fits_one_call(10**9, None)  # not a git checkout: nothing to count
+
+
+def test_the_tree_that_travels_is_measured_from_git(tmp_path):
+    import subprocess
+
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / ".gitignore").write_text("big/\n")
+    (tmp_path / "a.txt").write_bytes(b"x" * 100)
+    (tmp_path / "big").mkdir()
+    (tmp_path / "big" / "wheel").write_bytes(b"y" * 10_000)
+    assert ferry.travelling_tree_bytes(tmp_path) == 100 + len("big/\n")
+    assert ferry.travelling_tree_bytes(tmp_path / "nowhere") is None

@@ -66,6 +66,14 @@ def pytest_runtest_logreport(report):
         DURATIONS[name] = round(DURATIONS.get(name, 0.0) + report.duration, 1)
     if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
         OUTCOMES[name] = report.outcome
+    if report.when == "call":
+        # The results file after every test that ran, not only at the session's end: a
+        # session cut short (the machine taken back, a limit) keeps what it measured (the
+        # 2026-12-01 run lost 22 tests' figures that way). Tests skipped without a GPU
+        # have no call phase, so a CPU run writes nothing.
+        from suite import write_results
+
+        write_results(quiet=True)
 
 
 # The session's servers and no-speculation baselines (suite.py), shared by every test module.

@@ -427,7 +427,13 @@ def mla_servers(port) -> list[Server]:
     shifted = [
         # The trained drafter with every aux id one too high / one too low (make_mla_fixtures
         # places trained layers on both sides of every captured boundary, so both differ).
-        Server(f"mla_{shift}", target, next(port), str(MLA_FIXTURES / f"deep-drafter-{shift}"))
+        Server(
+            f"mla_{shift}",
+            target,
+            next(port),
+            str(MLA_FIXTURES / f"deep-drafter-{shift}"),
+            env=aux_dump_env(f"mla_{shift}"),
+        )
         for shift in ("plus1", "minus1")
         if (MLA_FIXTURES / f"deep-drafter-{shift}").exists()
     ]
@@ -621,7 +627,7 @@ def merge_earlier_phase(data: dict) -> None:
     )
 
 
-def write_results() -> None:
+def write_results(quiet: bool = False) -> None:
     try:
         gpu = gpu_info()
     except Exception as exc:  # noqa: BLE001 - the file must still be written
@@ -654,5 +660,8 @@ def write_results() -> None:
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     sglang = found.get("sglang") or "unknown"
     path = RESULTS_DIR / f"integration-{now.date().isoformat()}-{gpu_slug}-sglang{sglang}.json"
-    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    print(f"\nresults written to {path}")
+    tmp = path.with_suffix(".json.tmp")  # a copy taken mid-write is never half a file
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    tmp.replace(path)
+    if not quiet:
+        print(f"\nresults written to {path}")
