@@ -335,7 +335,7 @@ def write_seed_drafter(
     the target: the deep drafter's first aux id 1 is not expressible in eagle_config ids for
     a DeepSeek class (aux_capture.sglang_ids_for_capture refuses it), and the ids convert
     would derive are replaced here anyway."""
-    from sglang_ext.convert import convert
+    from sglang_ext.cli.convert import convert
 
     if seed_dir.exists():
         shutil.rmtree(seed_dir)

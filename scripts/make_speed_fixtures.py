@@ -424,7 +424,7 @@ def stage_widen_target(args, scale: SpeedScale) -> dict[str, Any]:
 
 
 def stage_widen_drafters(args, scale: SpeedScale) -> dict[str, Any]:
-    from sglang_ext.convert import convert
+    from sglang_ext.cli.convert import convert
 
     out = args.out
     drafters = {}
