@@ -50,19 +50,15 @@ KEY_TABLE: tuple[KeyRule, ...] = (
         "layers.{n}.self_attn.v_proj.weight", "model.layers.{n}.self_attn.qkv_proj.weight", "v"
     ),
     KeyRule("layers.{n}.self_attn.o_proj.weight", "model.layers.{n}.self_attn.o_proj.weight"),
-    KeyRule(
-        "layers.{n}.self_attn.q_norm.weight",
-        "model.layers.{n}.self_attn.q_norm.weight",
-        formats=("speculators",),
-        note="qwen3 draft layers",
-        stock=None,  # stock SGLang's llama layers have no q_norm/k_norm
-    ),
-    KeyRule(
-        "layers.{n}.self_attn.k_norm.weight",
-        "model.layers.{n}.self_attn.k_norm.weight",
-        formats=("speculators",),
-        note="qwen3 draft layers",
-        stock=None,  # stock SGLang's llama layers have no q_norm/k_norm
+    *(
+        KeyRule(
+            f"layers.{{n}}.self_attn.{norm}.weight",
+            f"model.layers.{{n}}.self_attn.{norm}.weight",
+            formats=("speculators",),
+            note="qwen3 draft layers",
+            stock=None,  # stock SGLang's llama layers have no q_norm/k_norm
+        )
+        for norm in ("q_norm", "k_norm")
     ),
     KeyRule("layers.{n}.mlp.gate_proj.weight", "model.layers.{n}.mlp.gate_up_proj.weight", 0),
     KeyRule("layers.{n}.mlp.up_proj.weight", "model.layers.{n}.mlp.gate_up_proj.weight", 1),
