@@ -41,7 +41,8 @@ try:
 except ImportError:  # run from a checkout without the package installed
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import sglang_ext
-from sglang_ext.bench import BenchError, RequestResult, RequestSpec, load_prompts, run_benchmark
+from sglang_ext.cli.bench import BenchError, RequestSpec, load_prompts, run_benchmark
+from sglang_ext.cli.bench_report import RequestResult
 from sglang_ext_tools.launch import DEFAULT_SPEC, STOCK_ENV, Server, start_all
 from sglang_ext_tools.stats import bootstrap_ratio_ci
 from sglang_ext_tools.trace_breakdown import breakdown, load_trace, newest_trace

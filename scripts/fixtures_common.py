@@ -1,7 +1,7 @@
 """Shared pieces of the fixture build: scales (sizes, steps), variants, token ids, the
 held-out split rule, seeding, autocast, JSON writing, logging.
 
-Part of ``scripts/make_fixtures.py`` (the CLI), which re-exports these names.
+Part of the fixture build (``scripts/make_fixtures.py`` is its CLI); import these names from here.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import platform
 import random
 import sys
 import time
@@ -22,9 +23,6 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
-
-# The offline reference loop, for the parts that train and evaluate against it.
-from sglang_ext_tools import reference as ref  # noqa: E402, F401
 
 VARIANTS = ("llama", "llama3layer", "random", "qwen3", "dsv3", "sglang4layer", "window")
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>")  # ids 0, 1, 2
@@ -271,3 +269,16 @@ def patch_config(path: Path, **updates) -> None:
     cfg = json.loads(cfg_path.read_text())
     cfg.update(updates)
     write_json(cfg_path, cfg)
+
+
+def versions() -> dict[str, str]:
+    """The library versions a fixture manifest records."""
+    import importlib.metadata as md
+
+    out = {"python": platform.python_version(), "torch": torch.__version__}
+    for pkg in ("transformers", "tokenizers", "speculators", "safetensors", "triton"):
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            out[pkg] = None
+    return out

@@ -1,7 +1,7 @@
 """Fixture data: the Python standard library's own sources, their train / held-out split, a
 byte-level BPE tokenizer, token streams, held-out prompts, and the draft vocabulary.
 
-Part of ``scripts/make_fixtures.py`` (the CLI), which re-exports these names.
+Part of the fixture build (``scripts/make_fixtures.py`` is its CLI); import these names from here.
 """
 
 from __future__ import annotations

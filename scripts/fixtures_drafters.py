@@ -1,7 +1,7 @@
 """Fixture drafters: speculators EAGLE-3 drafters trained on a fixture target's hidden states
 (speculators' own model and loss), and a plain SGLang-format EAGLE-3 drafter.
 
-Part of ``scripts/make_fixtures.py`` (the CLI), which re-exports these names.
+Part of the fixture build (``scripts/make_fixtures.py`` is its CLI); import these names from here.
 """
 
 from __future__ import annotations
@@ -23,11 +23,12 @@ from fixtures_common import (
     log,
     lr_at,
     n_params,
-    ref,
     seed_all,
     write_json,
 )
 from fixtures_data import sample_batch
+
+from sglang_ext_tools import reference as ref
 
 # --------------------------------------------------------------------------------------
 # Drafters (speculators)

@@ -1,7 +1,7 @@
 """Fixture reference tau: the offline EAGLE-3 chain loop (``sglang_ext_tools.reference``)
 over held-out prompts, per drafter, written as JSONL.
 
-Part of ``scripts/make_fixtures.py`` (the CLI), which re-exports these names.
+Part of the fixture build (``scripts/make_fixtures.py`` is its CLI); import these names from here.
 """
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from fixtures_common import NUM_SPEC_TOKENS, Scale, _clean_floats, log, ref
+from fixtures_common import NUM_SPEC_TOKENS, Scale, _clean_floats, log
+
+from sglang_ext_tools import reference as ref
 
 # --------------------------------------------------------------------------------------
 # Reference tau

@@ -1,7 +1,7 @@
 """Fixture targets: small Llama / Qwen3 / DeepSeek-V3 (MLA+MoE) causal LMs built with
 transformers, trained on the stdlib token stream, evaluated, saved.
 
-Part of ``scripts/make_fixtures.py`` (the CLI), which re-exports these names.
+Part of the fixture build (``scripts/make_fixtures.py`` is its CLI); import these names from here.
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ from fixtures_common import (
     lr_at,
     n_params,
     patch_config,
-    ref,
 )
 from fixtures_data import sample_batch, save_tokenizer
+
+from sglang_ext_tools import reference as ref
 
 # --------------------------------------------------------------------------------------
 # Targets

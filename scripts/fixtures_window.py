@@ -7,7 +7,7 @@ trained on sequences several windows long, so at prompts longer than the window 
 that attends to the full context drafts differently from one that applies the window; the
 GPU test (tests/gpu/test_window.py) compares the served tau with both references.
 
-Part of ``scripts/make_fixtures.py`` (the CLI), which re-exports these names.
+Part of the fixture build (``scripts/make_fixtures.py`` is its CLI); import these names from here.
 """
 
 from __future__ import annotations
@@ -17,8 +17,10 @@ import random
 from pathlib import Path
 from typing import Any
 
-from fixtures_common import NUM_SPEC_TOKENS, _clean_floats, log, ref
+from fixtures_common import NUM_SPEC_TOKENS, _clean_floats, log
 from fixtures_data import _backend
+
+from sglang_ext_tools import reference as ref
 
 WINDOW_DRAFTER = "window-drafter"
 WINDOW_PROMPTS = "window-prompts.jsonl"

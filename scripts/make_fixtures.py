@@ -42,7 +42,8 @@ but not bitwise deterministic (``torch.use_deterministic_algorithms`` is not ena
 because some SDPA/index backward kernels have no deterministic variant and it would
 slow training down).
 
-The build's parts, one idea each (this file is the CLI: stages, manifest, and re-exports):
+The build's parts, one idea each (this file is the CLI: stages and manifest;
+other scripts import the parts directly):
 ``fixtures_common`` (scales, seeding, JSON), ``fixtures_data`` (stdlib corpus, tokenizer,
 prompts, draft vocabulary), ``fixtures_targets``, ``fixtures_drafters``, ``fixtures_reference``,
 ``fixtures_window`` (the sliding-window drafter's long prompts and two references).
@@ -72,55 +73,39 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # the parts, also when this file is loaded by path (tests)
     sys.path.insert(0, str(HERE))
 
-# The build's parts; their names are re-exported (make_speed_fixtures / make_mla_fixtures
-# use them as ``mf.<name>``).
+# The build's parts.
 from fixtures_common import (  # noqa: E402
     _AMP,
     AUX_IDS,
-    BOS_ID,
-    EOS_ID,
-    FULL,
     HELDOUT_PERCENT,
     LOSS_NAME,
     NUM_SPEC_TOKENS,
-    PAD_ID,
     SCALES,
     SPECIAL_TOKENS,
     SPLIT_SALT,
-    TINY,
     VARIANTS,
-    Scale,
     _clean_floats,
     amp_enabled,
-    autocast_ctx,
-    heldout_split,
     log,
-    lr_at,
-    n_params,
     patch_config,
-    ref,
     seed_all,
     sha256_file,
+    versions,
     write_json,
 )
 from fixtures_data import (  # noqa: E402
-    Corpus,
     build_vocab_mapping,
     collect_sources,
     encode_stream,
     heldout_chunks,
     make_prompts,
-    sample_batch,
-    save_tokenizer,
     select_training_subset,
     train_tokenizer,
 )
 from fixtures_drafters import (  # noqa: E402
     build_drafter,
-    drafter_batch,
     drafter_summary,
     eval_drafter,
-    make_layer_config,
     save_drafter,
     train_drafter,
     write_sglang_eagle3_drafter,
@@ -135,7 +120,6 @@ from fixtures_targets import (  # noqa: E402
     eval_causal_lm,
     save_target,
     target_summary,
-    token_kwargs,
     train_causal_lm,
 )
 from fixtures_window import (  # noqa: E402
@@ -146,73 +130,6 @@ from fixtures_window import (  # noqa: E402
     window_reference,
     write_prompts,
 )
-
-__all__ = [
-    "AUX_IDS",
-    "BOS_ID",
-    "Corpus",
-    "EOS_ID",
-    "FULL",
-    "HELDOUT_PERCENT",
-    "LOSS_NAME",
-    "NUM_SPEC_TOKENS",
-    "PAD_ID",
-    "SCALES",
-    "SPECIAL_TOKENS",
-    "SPLIT_SALT",
-    "Scale",
-    "TINY",
-    "VARIANTS",
-    "_AMP",
-    "_clean_floats",
-    "amp_enabled",
-    "autocast_ctx",
-    "build_drafter",
-    "build_dsv3",
-    "build_llama",
-    "build_qwen3",
-    "build_vocab_mapping",
-    "collect_sources",
-    "drafter_batch",
-    "drafter_summary",
-    "encode_stream",
-    "eval_causal_lm",
-    "eval_drafter",
-    "heldout_chunks",
-    "heldout_split",
-    "log",
-    "lr_at",
-    "make_layer_config",
-    "make_prompts",
-    "n_params",
-    "patch_config",
-    "ref",
-    "run_reference",
-    "sample_batch",
-    "save_drafter",
-    "save_target",
-    "save_tokenizer",
-    "seed_all",
-    "select_training_subset",
-    "sha256_file",
-    "target_summary",
-    "token_kwargs",
-    "train_causal_lm",
-    "train_drafter",
-    "train_tokenizer",
-    "write_json",
-    "write_sglang_eagle3_drafter",
-    "WINDOW_DRAFTER",
-    "WINDOW_PROMPTS",
-    "check_positions",
-    "make_long_prompts",
-    "window_reference",
-    "write_prompts",
-    "main",
-    "parse_args",
-    "versions",
-    "Manifest",
-]
 
 # --------------------------------------------------------------------------------------
 # Main
@@ -227,18 +144,6 @@ class Manifest:
 
     def flush(self) -> None:
         write_json(self.path, _clean_floats(self.data))
-
-
-def versions() -> dict[str, str]:
-    import importlib.metadata as md
-
-    out = {"python": platform.python_version(), "torch": torch.__version__}
-    for pkg in ("transformers", "tokenizers", "speculators", "safetensors", "triton"):
-        try:
-            out[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            out[pkg] = None
-    return out
 
 
 def parse_args(argv=None):

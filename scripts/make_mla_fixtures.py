@@ -71,9 +71,17 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-import make_fixtures as mf  # noqa: E402
 import make_speed_fixtures as msf  # noqa: E402
-from fixtures_common import dsv3_cfg  # noqa: E402
+from fixtures_common import (  # noqa: E402
+    _clean_floats,
+    dsv3_cfg,
+    log,
+    patch_config,
+    versions,
+    write_json,
+)
+from fixtures_data import heldout_chunks  # noqa: E402
+from fixtures_targets import build_dsv3, save_target  # noqa: E402
 
 from sglang_ext_tools import reference as ref  # noqa: E402
 
@@ -176,14 +184,14 @@ def check_neighbours_differ(scale: MlaScale) -> None:
 def stage_base(args, scale: MlaScale) -> dict[str, Any]:
     if scale.served:
         check_served_geometry(scale.target)
-    return msf.base_stage(args, scale, mf.build_dsv3, 3, save_dsv3_target)
+    return msf.base_stage(args, scale, build_dsv3, 3, save_dsv3_target)
 
 
 def save_dsv3_target(model, out_dir: Path, hf_tok, bf16: bool) -> None:
-    mf.save_target(model, out_dir, hf_tok, bf16)
+    save_target(model, out_dir, hf_tok, bf16)
     # Router fields the original DeepSeek-V3 config.json carries and SGLang's deepseek_v2
     # reads unconditionally (as scripts/make_fixtures.py writes them for its dsv3 target).
-    mf.patch_config(
+    patch_config(
         out_dir, topk_method="noaux_tc", scoring_func="sigmoid", moe_layer_freq=1, ep_size=1
     )
 
@@ -224,9 +232,9 @@ def stage_drafter(args, scale: MlaScale) -> dict[str, Any]:
         (out / "reference").mkdir(exist_ok=True)
         with (out / "reference" / f"drafter.{dtype}.jsonl").open("w") as fh:
             for prompt, row in zip(prompts, result.pop("per_prompt"), strict=True):
-                fh.write(json.dumps(mf._clean_floats({"id": prompt["id"], **row})) + "\n")
+                fh.write(json.dumps(_clean_floats({"id": prompt["id"], **row})) + "\n")
         references[dtype] = {**result, "per_prompt_file": f"reference/drafter.{dtype}.jsonl"}
-        mf.log(f"reference {dtype}: tau {result['tau']:.3f} at {r['steps']} steps")
+        log(f"reference {dtype}: tau {result['tau']:.3f} at {r['steps']} steps")
     return {"small_drafter": {**summary, "reference": references}}
 
 
@@ -336,7 +344,7 @@ def write_seed_drafter(
     the target: the deep drafter's first aux id 1 is not expressible in eagle_config ids for
     a DeepSeek class (aux_capture.sglang_ids_for_capture refuses it), and the ids convert
     would derive are replaced here anyway."""
-    from sglang_ext.convert import convert
+    from sglang_ext.cli.convert import convert
 
     if seed_dir.exists():
         shutil.rmtree(seed_dir)
@@ -401,9 +409,9 @@ def stage_deepen(args, scale: MlaScale) -> dict[str, Any]:
     # Capture off: the ids only give fc's count; the plugin refuses on use_aux_hidden_state.
     nocapture = write_seed_drafter(out / "deep-drafter", out / "seed-nocapture-drafter", ids, False)
     streams = torch.load(out / "streams.pt")
-    chunks = mf.heldout_chunks(streams["heldout"], scale.seq_len, scale.check_chunks)
+    chunks = heldout_chunks(streams["heldout"], scale.seq_len, scale.check_chunks)
     check = function_check(out / "small-target", out / "deep-target", chunks, args.device)
-    mf.log(f"deep target: {json.dumps(check)}")
+    log(f"deep target: {json.dumps(check)}")
     return {
         "deep_target": target,
         "deep_drafter": {
@@ -452,16 +460,16 @@ def main(argv=None) -> int:
             wall_s=round(time.perf_counter() - t0, 2),
             device=args.device,
             device_name=msf._device_name(args.device),
-            versions=mf.versions(),
+            versions=versions(),
             created_unix=int(time.time()),
         )
-        mf.write_json(args.out / f"stage-{stage}.json", result)
-        mf.log(f"stage {stage} done in {result['wall_s']} s")
+        write_json(args.out / f"stage-{stage}.json", result)
+        log(f"stage {stage} done in {result['wall_s']} s")
     merged = {
         path.stem.removeprefix("stage-"): json.loads(path.read_text())
         for path in sorted(args.out.glob("stage-*.json"))
     }
-    mf.write_json(args.out / "mla-fixtures.json", {"schema_version": 1, "stages": merged})
+    write_json(args.out / "mla-fixtures.json", {"schema_version": 1, "stages": merged})
     return 0
 
 

@@ -54,7 +54,30 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-import make_fixtures as mf  # noqa: E402
+from fixtures_common import LOSS_NAME, autocast_ctx, log, seed_all, versions, write_json  # noqa: E402
+from fixtures_data import (  # noqa: E402
+    collect_sources,
+    encode_stream,
+    heldout_chunks,
+    make_prompts,
+    sample_batch,
+    select_training_subset,
+    train_tokenizer,
+)
+from fixtures_drafters import (  # noqa: E402
+    build_drafter,
+    drafter_summary,
+    eval_drafter,
+    save_drafter,
+    train_drafter,
+)
+from fixtures_targets import (  # noqa: E402
+    build_llama,
+    eval_causal_lm,
+    save_target,
+    target_summary,
+    train_causal_lm,
+)
 
 from sglang_ext_tools import reference as ref  # noqa: E402
 from sglang_ext_tools import widen  # noqa: E402
@@ -143,7 +166,7 @@ SCALES = {"full": FULL, "tiny": TINY}
 
 
 def _write(path: Path, obj: Any) -> None:
-    mf.write_json(path, obj)
+    write_json(path, obj)
 
 
 def _device_name(device: str) -> str:
@@ -160,13 +183,13 @@ def greedy_continuations(
     out = []
     for i in range(0, len(prompts), batch):
         x = prompts[i : i + batch].to(device)
-        with mf.autocast_ctx(device):
+        with autocast_ctx(device):
             res = model(input_ids=x, use_cache=True)
         past, seqs = res.past_key_values, [x]
         nxt = res.logits[:, -1].argmax(-1, keepdim=True)
         for _ in range(new_tokens - 1):
             seqs.append(nxt)
-            with mf.autocast_ctx(device):
+            with autocast_ctx(device):
                 res = model(input_ids=nxt, past_key_values=past, use_cache=True)
             past, nxt = res.past_key_values, res.logits[:, -1].argmax(-1, keepdim=True)
         seqs.append(nxt)
@@ -191,22 +214,22 @@ def base_stage(args, scale, build, seed_offset: int, save) -> dict[str, Any]:
     to small-target/. Shared by this script and scripts/make_mla_fixtures.py."""
     out, device = args.out, args.device
     t0 = time.perf_counter()
-    mf.seed_all(args.seed)
-    corpus = mf.collect_sources()
-    train_files = mf.select_training_subset(corpus, scale.train_char_budget)
-    hf_tok = mf.train_tokenizer([t for _, t in train_files], scale.vocab_size, out / "tokenizer")
-    train_stream = mf.encode_stream(hf_tok, [t for _, t in train_files])
-    heldout_stream = mf.encode_stream(hf_tok, [t for _, t in corpus.heldout])
-    prompts = mf.make_prompts(hf_tok, corpus.heldout, scale, args.seed)
+    seed_all(args.seed)
+    corpus = collect_sources()
+    train_files = select_training_subset(corpus, scale.train_char_budget)
+    hf_tok = train_tokenizer([t for _, t in train_files], scale.vocab_size, out / "tokenizer")
+    train_stream = encode_stream(hf_tok, [t for _, t in train_files])
+    heldout_stream = encode_stream(hf_tok, [t for _, t in corpus.heldout])
+    prompts = make_prompts(hf_tok, corpus.heldout, scale, args.seed)
     with (out / "prompts.jsonl").open("w") as fh:
         for prompt in prompts:
             fh.write(json.dumps(prompt) + "\n")
     torch.save({"train": train_stream, "heldout": heldout_stream}, out / "streams.pt")
     data_s = time.perf_counter() - t0
 
-    mf.seed_all(args.seed + seed_offset)
+    seed_all(args.seed + seed_offset)
     model = build(dict(scale.target), scale.vocab_size)
-    train = mf.train_causal_lm(
+    train = train_causal_lm(
         model,
         train_stream,
         seq_len=scale.seq_len,
@@ -214,10 +237,10 @@ def base_stage(args, scale, build, seed_offset: int, save) -> dict[str, Any]:
         seed=args.seed + seed_offset,
         **scale.target_train,
     )
-    heldout = mf.eval_causal_lm(
-        model, mf.heldout_chunks(heldout_stream, scale.seq_len, scale.heldout_eval_chunks), device
+    heldout = eval_causal_lm(
+        model, heldout_chunks(heldout_stream, scale.seq_len, scale.heldout_eval_chunks), device
     )
-    mf.log(f"target: loss {train['last_loss']} (train), held-out {heldout}")
+    log(f"target: loss {train['last_loss']} (train), held-out {heldout}")
 
     # The drafter's serving distribution: the target's own greedy text. Prompts come from
     # the training split; the held-out continuations (from held-out text, never the bench
@@ -249,7 +272,7 @@ def base_stage(args, scale, build, seed_offset: int, save) -> dict[str, Any]:
             "prompts": len(prompts),
             "wall_s": round(data_s, 2),
         },
-        "small_target": {**mf.target_summary(model), "train": train, "heldout": heldout},
+        "small_target": {**target_summary(model), "train": train, "heldout": heldout},
         "distill": {
             **d,
             "new_tokens": new,
@@ -263,7 +286,7 @@ def base_stage(args, scale, build, seed_offset: int, save) -> dict[str, Any]:
 
 
 def stage_base(args, scale: SpeedScale) -> dict[str, Any]:
-    return base_stage(args, scale, mf.build_llama, 1, mf.save_target)
+    return base_stage(args, scale, build_llama, 1, save_target)
 
 
 def distilled_drafter(args, scale, target, *, nbr: bool, seed: int, out_name: str):
@@ -275,7 +298,7 @@ def distilled_drafter(args, scale, target, *, nbr: bool, seed: int, out_name: st
     streams = torch.load(out / "streams.pt")
     distill = torch.load(out / "distill.pt")
     cfg = scale.drafter_train
-    drafter, source = mf.build_drafter(
+    drafter, source = build_drafter(
         out / "small-target",
         num_layers=1,
         draft_arch="llama",
@@ -292,15 +315,15 @@ def distilled_drafter(args, scale, target, *, nbr: bool, seed: int, out_name: st
 
     def sample(gen: torch.Generator) -> torch.Tensor:
         rows = torch.randint(0, len(distill["train"]), (cfg["chunks"] - half,), generator=gen)
-        raw = mf.sample_batch(streams["train"], half, scale.seq_len, gen, device)
+        raw = sample_batch(streams["train"], half, scale.seq_len, gen, device)
         return torch.cat([raw, distill["train"][rows].long().to(device)])
 
     loss_impl = "fused" if device == "cuda" else "eager"
-    train = mf.train_drafter(
+    train = train_drafter(
         drafter,
         target,
         streams["train"],
-        mf.heldout_chunks(streams["heldout"], scale.seq_len, scale.heldout_eval_chunks),
+        heldout_chunks(streams["heldout"], scale.seq_len, scale.heldout_eval_chunks),
         steps=cfg["steps"],
         chunks=cfg["chunks"],
         seq_len=scale.seq_len,
@@ -317,15 +340,15 @@ def distilled_drafter(args, scale, target, *, nbr: bool, seed: int, out_name: st
 
     # The implementation training ended up with (it falls back to eager if fused fails).
     used = loss_impl if train["loss_implementation"] == loss_impl else "eager"
-    loss_config = resolve_loss_config(mf.LOSS_NAME, used)
-    on_greedy = mf.eval_drafter(
+    loss_config = resolve_loss_config(LOSS_NAME, used)
+    on_greedy = eval_drafter(
         drafter, target, distill["heldout"].long(), device, loss_config, False, cfg["ttt_steps"]
     )
     on_greedy["tau_estimate"] = round(1.0 + sum(on_greedy["full_acc_per_step"]), 4)
-    mf.log(f"{out_name}: teacher-forced tau on held-out greedy text {on_greedy['tau_estimate']}")
-    mf.save_drafter(drafter, out / out_name, bf16=device == "cuda")
+    log(f"{out_name}: teacher-forced tau on held-out greedy text {on_greedy['tau_estimate']}")
+    save_drafter(drafter, out / out_name, bf16=device == "cuda")
     summary = {
-        **mf.drafter_summary(drafter, "small-target", source),
+        **drafter_summary(drafter, "small-target", source),
         "train": train,
         "heldout_greedy_text": on_greedy,
     }
@@ -361,7 +384,7 @@ def stage_drafter(args, scale: SpeedScale) -> dict[str, Any]:
         max_new_tokens=r["max_new_tokens"],
     )
     reference.pop("per_prompt")
-    mf.log(f"drafter {tag}: reference tau {reference['tau']:.3f} at {r['steps']} steps")
+    log(f"drafter {tag}: reference tau {reference['tau']:.3f} at {r['steps']} steps")
     return {f"small_drafter_{tag}": {**summary, "reference": reference}}
 
 
@@ -417,14 +440,14 @@ def stage_widen_target(args, scale: SpeedScale) -> dict[str, Any]:
     )
     target["wall_s"] = round(time.perf_counter() - t0, 2)
     streams = torch.load(out / "streams.pt")
-    chunks = mf.heldout_chunks(streams["heldout"], scale.seq_len, scale.check_chunks)
+    chunks = heldout_chunks(streams["heldout"], scale.seq_len, scale.check_chunks)
     check = function_check(out / "small-target", out / "target-8b", chunks, device)
-    mf.log(f"function check: {json.dumps(check)}")
+    log(f"function check: {json.dumps(check)}")
     return {"target_8b": target, "function_check": check}
 
 
 def stage_widen_drafters(args, scale: SpeedScale) -> dict[str, Any]:
-    from sglang_ext.convert import convert
+    from sglang_ext.cli.convert import convert
 
     out = args.out
     drafters = {}
@@ -493,11 +516,11 @@ def main(argv=None) -> int:
                 scale=scale.name,
                 device=args.device,
                 device_name=_device_name(args.device),
-                versions=mf.versions(),
+                versions=versions(),
                 created_unix=int(time.time()),
             )
             _write(args.out / f"stage-{name}.json", result)
-            mf.log(f"stage {name} done in {result['wall_s']} s")
+            log(f"stage {name} done in {result['wall_s']} s")
     merged = {
         path.stem.removeprefix("stage-"): json.loads(path.read_text())
         for path in sorted(args.out.glob("stage-*.json"))

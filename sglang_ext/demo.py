@@ -1,19 +1,19 @@
-"""`sglang-ext demo`: the product's main job on an embedded default, on any machine.
+"""The demo's checkpoints: a speculators EAGLE-3 drafter and a Llama target config, built or copied.
 
-Writes a tiny speculators-format EAGLE-3 drafter and a Llama target config (built with
-speculators' own model class and saved with its own `save_pretrained` when speculators is
-installed; otherwise copied from the few-KB fixture bundled in `sglang_ext/data/demo`, made by
-the same function), then prints the doctor report: what the plugin will load, the aux layers
-the target will capture, and what stock SGLang would do with that drafter.
+Builds a tiny speculators-format EAGLE-3 drafter with speculators' own model class and saves it
+with its own `save_pretrained` when speculators is installed; otherwise copies the few-KB
+fixture bundled in `sglang_ext/data/demo`, made by the same function. `sglang-ext demo`
+(`sglang_ext.cli.demo`) prints the doctor report on them.
 
-The builders here are also what the test-suite uses to make its checkpoints.
+The builders here are also what the test-suite uses to make its checkpoints, including the
+behavioural suite in its patched (no plugin) mode, which allows this one module of the package:
+it imports nothing else of it.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -153,41 +153,3 @@ def drafter_origin() -> str:
             "speculators is not installed here, so nothing was built)"
         )
     return "built a speculators EAGLE-3 drafter with speculators' own Eagle3DraftModel"
-
-
-def main(args) -> int:
-    """Exit 0 for verdict OK, 1 for ERROR, 2 when --out holds anything (exit_codes)."""
-    # Imported here: the builders above are the behaviour suite's fixtures, which must not pull
-    # plugin modules in its patched (no plugin) mode.
-    from sglang_ext import doctor, exit_codes
-
-    if args.out:
-        out = Path(args.out)
-        if out.exists() and not out.is_dir():
-            refused = exit_codes.Refused(f"{out} exists and is not a directory")
-            return exit_codes.fail("demo", refused)
-        if out.is_dir() and any(out.iterdir()):
-            refused = exit_codes.Refused(
-                f"{out} is not empty; the demo writes drafter/ and target/ into a new or "
-                "empty directory and never overwrites files"
-            )
-            return exit_codes.fail("demo", refused)
-    else:
-        out = Path(tempfile.mkdtemp(prefix="sglang-ext-demo-"))
-    origin = drafter_origin()
-    target, drafter = make_demo(out)
-    exit_codes.emit(
-        f"{origin}, in {drafter}, and wrote a Llama target config in {target} (config.json "
-        f"only, no weights: enough for doctor, not for a server). Files: {out} (kept)\n"
-    )
-    diagnosis = doctor.diagnose(drafter, target)
-    exit_codes.emit(doctor.format_text(diagnosis))
-    exit_codes.emit(
-        "\n(The 'stock SGLang' line is doctor's prediction from the config and tensor names; "
-        "no server was started.)\n"
-        "Serve it (GPU node, plugin installed, unchanged SGLang command, a real target's "
-        "weights):\n"
-        f"  sglang serve --model-path TARGET --speculative-algorithm EAGLE3 "
-        f"--speculative-draft-model-path {drafter}"
-    )
-    return exit_codes.OK if diagnosis.verdict == "OK" else exit_codes.INPUT_ERROR

@@ -10,14 +10,14 @@ models, the detokenizer). It registers:
 - an AROUND hook on ``configure_aux_hidden_state_capture`` that lets the target's own
   ``set_eagle3_layers_to_capture`` switch capture on, then sets the layers the drafter was
   trained on where the class keeps them and reads them back, before serving
-  (``sglang_ext.fusion.apply_capture``);
+  (``sglang_ext.serving.fusion.apply_capture``);
 - an AROUND hook on ``ModelConfig._derive_context_length`` that serves an EAGLE-3 drafter whose
   context length is below the target's on purpose, with one WARNING
-  (``sglang_ext.context_length``), where stock SGLang raises a ValueError;
-- the acceptance metrics hooks (``sglang_ext.metrics``), also in SGLang's tokenizer worker
-  processes (``--tokenizer-worker-num > 1``: ``sglang_ext.tokenizer_workers``);
+  (``sglang_ext.drafter.context_length``), where stock SGLang raises a ValueError;
+- the acceptance metrics hooks (``sglang_ext.metrics.hook``), also in SGLang's tokenizer worker
+  processes (``--tokenizer-worker-num > 1``: ``sglang_ext.serving.tokenizer_workers``);
 - opt-in (``SGLANG_EXT_SPLITKV_VERIFY=1``): SGLang's split-KV verify attention on CUDA
-  (``sglang_ext.verify_splitkv``).
+  (``sglang_ext.serving.verify_splitkv``).
 
 ``load_plugins`` logs and swallows exceptions from plugins, which would silently leave SGLang
 on its in-tree classes. A failure here therefore raises ``SystemExit`` (not an ``Exception``),
@@ -66,7 +66,8 @@ def _register() -> list[str]:
     from sglang.srt.models.registry import ModelRegistry
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from sglang_ext import metrics, tokenizer_workers, verify_splitkv
+    from sglang_ext.metrics import hook as metrics
+    from sglang_ext.serving import tokenizer_workers, verify_splitkv
 
     ModelRegistry.register(MODELS_PACKAGE, overwrite=True, strict=True)
     targets = [config_hook_target(), CAPTURE_TARGET, CONTEXT_TARGET]
@@ -97,9 +98,9 @@ def config_hook_target() -> str:
 
 @lru_cache(maxsize=16)
 def _translated(path: str, mtime: float):
-    from sglang_ext.checkpoint_files import read_checkpoint
-    from sglang_ext.loading import plan_from_checkpoint
-    from sglang_ext.speculators_format import load_drafter_spec, to_sglang_config
+    from sglang_ext.drafter.checkpoint_files import read_checkpoint
+    from sglang_ext.drafter.loading import plan_from_checkpoint
+    from sglang_ext.drafter.speculators_format import load_drafter_spec, to_sglang_config
 
     spec = load_drafter_spec(path)  # spec.source: the local directory (Hub ids resolved)
     # The whole load report, from safetensors headers, before any GPU work: a missing or
@@ -109,8 +110,8 @@ def _translated(path: str, mtime: float):
 
 
 def get_config_hook(original, model, *args, **kwargs):
-    from sglang_ext.model_paths import config_path
-    from sglang_ext.speculators_format import is_speculators_dir
+    from sglang_ext.drafter.model_paths import config_path
+    from sglang_ext.drafter.speculators_format import is_speculators_dir
 
     if isinstance(model, (str, os.PathLike)) and is_speculators_dir(model):
         config = _translated(str(model), config_path(model).stat().st_mtime)
@@ -128,7 +129,7 @@ def get_config_hook(original, model, *args, **kwargs):
 def _read_alias_as_sglang_name(config, model) -> None:
     """Another project's name for SGLang's EAGLE-3 layout (architecture_aliases.ALIASES) is
     read as SGLang's, so its registry builds our class, whose load plan checks the keys."""
-    from sglang_ext import architecture_aliases
+    from sglang_ext.drafter import architecture_aliases
 
     archs = list(getattr(config, "architectures", None) or [])
     note = architecture_aliases.alias_note(archs[0]) if archs else None
@@ -151,11 +152,11 @@ def derive_context_length_hook(original, self, context_length, *args, **kwargs):
     context_len to the draft ModelConfig), do what SGLang does under
     SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 (raise the draft's context_len and its
     max_position_embeddings, which sizes its rotary cache), with one WARNING naming both
-    lengths, the drafter's file and field (sglang_ext.context_length). Everything else goes
+    lengths, the drafter's file and field (sglang_ext.drafter.context_length). Everything else goes
     through SGLang's own check unchanged."""
     from sglang.srt.configs import model_config
 
-    from sglang_ext import context_length as ctx
+    from sglang_ext.drafter import context_length as ctx
     from sglang_ext.models import ARCHITECTURES
 
     archs = list(getattr(self.hf_config, "architectures", None) or [])
@@ -187,10 +188,11 @@ def derive_context_length_hook(original, self, context_length, *args, **kwargs):
 
 
 def drafter_context_field(path) -> str | None:
-    """The field doctor names (sglang_ext.context_length.drafter_context), read the same way."""
-    from sglang_ext import context_length as ctx
-    from sglang_ext.config_fields import DrafterConfigError
-    from sglang_ext.speculators_format import load_drafter_spec, served_config_dict
+    """The field doctor names (sglang_ext.drafter.context_length.drafter_context), read the
+    same way."""
+    from sglang_ext.drafter import context_length as ctx
+    from sglang_ext.drafter.config_fields import DrafterConfigError
+    from sglang_ext.drafter.speculators_format import load_drafter_spec, served_config_dict
 
     try:
         spec = load_drafter_spec(path)
@@ -200,8 +202,8 @@ def drafter_context_field(path) -> str | None:
 
 
 def drafter_config_file(path) -> str:
-    from sglang_ext.config_fields import DrafterConfigError
-    from sglang_ext.model_paths import config_path
+    from sglang_ext.drafter.config_fields import DrafterConfigError
+    from sglang_ext.drafter.model_paths import config_path
 
     try:
         return str(config_path(path))
@@ -218,7 +220,7 @@ def current_drafter_spec():
     (--enable-return-aux-hidden-states). Unknown server args are an error: passing the ids
     through unconverted would capture the wrong layers without a word."""
     from sglang_ext import compat
-    from sglang_ext.speculators_format import load_drafter_spec
+    from sglang_ext.drafter.speculators_format import load_drafter_spec
 
     args = compat.server_args()
     if args is None:
@@ -232,7 +234,7 @@ def current_drafter_spec():
 
 
 def configure_capture_hook(original, *args, **kwargs):
-    from sglang_ext import fusion
+    from sglang_ext.serving import fusion
 
     bound = inspect.signature(original).bind(*args, **kwargs)
     arguments = bound.arguments

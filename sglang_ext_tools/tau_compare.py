@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sglang_ext.acceptance import per_position_from_steps, pooled_per_position
+from sglang_ext.metrics.acceptance import per_position_from_steps, pooled_per_position
 from sglang_ext_tools.stats import bootstrap_ci
 
 
@@ -98,7 +98,7 @@ def non_inferiority(
 
 def per_position(rows: Sequence[Sequence[int]], positions: int) -> list[float | None]:
     """Pooled acceptance per draft position from per-cycle accepted counts, by the plugin's
-    own definition (`sglang_ext.acceptance.per_position_from_steps`)."""
+    own definition (`sglang_ext.metrics.acceptance.per_position_from_steps`)."""
     accepted, proposed = per_position_from_steps([a for cycles in rows for a in cycles], positions)
     return [round(a / p, 4) if p else None for a, p in zip(accepted, proposed, strict=True)]
 

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from sglang_ext import doctor
-from sglang_ext.checkpoint_files import DrafterLoadError
+from sglang_ext.cli import doctor
 from sglang_ext.demo import BUNDLED
-from sglang_ext.loading import LoadPlan
-from sglang_ext.speculators_format import load_drafter_spec
+from sglang_ext.drafter.checkpoint_files import DrafterLoadError
+from sglang_ext.drafter.loading import LoadPlan
+from sglang_ext.drafter.speculators_format import load_drafter_spec
 
 TARGET = BUNDLED / "target"
 SHARDS = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
@@ -169,8 +169,8 @@ def test_nonfinite_values_are_counted_across_read_chunks(tmp_path, monkeypatch, 
     import torch
     from safetensors.torch import save_file as save_torch
 
-    from sglang_ext import checkpoint_files
-    from sglang_ext.checkpoint_files import nonfinite_count, read_checkpoint
+    from sglang_ext.drafter import checkpoint_files
+    from sglang_ext.drafter.checkpoint_files import nonfinite_count, read_checkpoint
 
     monkeypatch.setattr(checkpoint_files, "_CHUNK", 5)
     values = torch.ones(23, dtype=getattr(torch, dtype))

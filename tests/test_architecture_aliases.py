@@ -10,7 +10,8 @@ from builders import TINY_SGLANG_DRAFTER_CONFIG
 from public_configs import write_sglang_drafter
 from safetensors.torch import load_file, save_file
 
-from sglang_ext import architecture_aliases, doctor
+from sglang_ext.cli import doctor
+from sglang_ext.drafter import architecture_aliases
 
 CONFIG = {k: v for k, v in TINY_SGLANG_DRAFTER_CONFIG.items() if k != "architectures"}
 

@@ -1,4 +1,4 @@
-"""Tests for sglang_ext.bench (CPU only).
+"""Tests for sglang_ext.cli.bench (CPU only).
 
 Response data: ``tests/data/recorded_requests_synthetic_bench_responses.jsonl``. These are
 SYNTHETIC responses, built from the synthetic per-request counters in
@@ -6,7 +6,7 @@ SYNTHETIC responses, built from the synthetic per-request counters in
 SGLang's ``TokenizerManager._calculate_spec_decoding_metrics`` produces in 0.5.17 (with its
 backward-compat aliases ``spec_accepted_drafts`` / ``spec_proposed_drafts`` /
 ``spec_accept_histogram``) and 0.5.23 (without), the ``sglext.spec_tokens_details`` block of
-0.5.23's /v1/completions, and the keys added by sglang_ext.metrics. Not captured from a live
+0.5.23's /v1/completions, and the keys added by sglang_ext.metrics.hook. Not captured from a live
 server (no GPU here).
 
 The HTTP test at the end replays those bodies from a tiny local ``http.server``: it tests
@@ -26,7 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from sglang_ext import bench as b
+from sglang_ext.cli import bench as b
+from sglang_ext.cli import bench_report as report
 
 DATA = Path(__file__).parent / "data" / "recorded_requests_synthetic_bench_responses.jsonl"
 HEALTH = Path(__file__).parent / "data" / "recorded_requests_synthetic_drafter_health.jsonl"
@@ -129,7 +130,7 @@ H01 = dict(V=83, A=116, C=200, acc_pp=[58, 37, 21])
 )
 def test_extract_acceptance_all_styles_agree(recorded, style, api, source):
     (row,) = pick(recorded, style, api, "healthy-01")
-    res = b.make_result(0, _normalise(row), latency_s=2.0, ttft_s=0.05, num_positions=3)
+    res = report.make_result(0, _normalise(row), latency_s=2.0, ttft_s=0.05, num_positions=3)
     a = res.acceptance
     assert a.source == source
     assert res.completion_tokens == H01["C"]
@@ -161,7 +162,7 @@ def test_extract_acceptance_0517_aliases_only():
         "spec_proposed_drafts": 30,
         "spec_accept_histogram": [3, 2, 3, 2],
     }
-    a = b.extract_acceptance(info, 23, 3)
+    a = report.extract_acceptance(info, 23, 3)
     assert a.source == "sglang"
     assert a.accept_length == pytest.approx(2.2)
     assert a.accept_rate == pytest.approx(0.4)
@@ -170,29 +171,29 @@ def test_extract_acceptance_0517_aliases_only():
 
 
 def test_extract_acceptance_estimated_and_missing():
-    a = b.extract_acceptance({"spec_verify_ct": 10, "spec_accept_length": 2.5}, 25)
+    a = report.extract_acceptance({"spec_verify_ct": 10, "spec_accept_length": 2.5}, 25)
     assert a.source == "sglang_estimated"
     assert a.accepted_draft_tokens == 14 and a.accept_length == pytest.approx(2.4)
-    assert b.extract_acceptance({}, 25).accept_length is None
-    assert b.extract_acceptance({"spec_verify_ct": 0}, 25).accept_length is None
-    assert b.extract_acceptance(None, 25).source is None
+    assert report.extract_acceptance({}, 25).accept_length is None
+    assert report.extract_acceptance({"spec_verify_ct": 0}, 25).accept_length is None
+    assert report.extract_acceptance(None, 25).source is None
 
 
 def test_openai_0517_reports_no_acceptance(recorded):
     (row,) = pick(recorded, "sglang-0.5.17", "openai", "healthy-01")
-    res = b.make_result(0, _normalise(row), 1.0, None)
+    res = report.make_result(0, _normalise(row), 1.0, None)
     assert res.acceptance.accept_length is None
     assert res.completion_tokens == 200 and res.tpot_s is None
-    summary = b.summarize([res], 1.0)
-    w = b.acceptance_warnings(summary, "openai")
+    summary = report.summarize([res], 1.0)
+    w = report.acceptance_warnings(summary, "openai")
     assert len(w) == 1 and "NOT REPORTED" in w[0] and "--api generate" in w[0]
 
 
 def test_per_position_from_histogram_matches_metrics_module():
-    from sglang_ext import metrics
+    from sglang_ext.metrics import acceptance as metrics
 
     for hist in ([25, 21, 16, 21], [9], [4, 2], [0, 0, 0, 5], [1, 0, 0, 0, 2]):
-        assert b.per_position_from_histogram(hist, 3) == metrics.per_position_from_histogram(
+        assert report.per_position_from_histogram(hist, 3) == metrics.per_position_from_histogram(
             hist, 3
         )
 
@@ -203,15 +204,15 @@ def test_per_position_from_histogram_matches_metrics_module():
 def _results(recorded, style):
     rows = pick(recorded, style, "generate")
     return [
-        b.make_result(k, r["response"], latency_s=1.0 + k, ttft_s=0.1, num_positions=3)
+        report.make_result(k, r["response"], latency_s=1.0 + k, ttft_s=0.1, num_positions=3)
         for k, r in enumerate(rows)
     ]
 
 
 def test_summarize_pooled_acceptance(recorded):
     res = _results(recorded, "sglang-0.5.23")
-    res.append(b.RequestResult(index=99, ok=False, error="boom"))
-    s = b.summarize(res, wall_s=10.0)
+    res.append(report.RequestResult(index=99, ok=False, error="boom"))
+    s = report.summarize(res, wall_s=10.0)
     rows = [r["response"]["meta_info"] for r in pick(recorded, "sglang-0.5.23", "generate")]
     V = sum(m["spec_verify_ct"] for m in rows)
     A = sum(m["spec_num_correct_drafts"] for m in rows)
@@ -231,8 +232,8 @@ def test_summarize_pooled_acceptance(recorded):
     assert acc["accept_length_histogram"][0]["count"] == 1
     assert s["latency_s"]["p50"] == pytest.approx(2.5)
     # Styles agree on the pooled figures.
-    s17 = b.summarize(_results(recorded, "sglang-0.5.17"), 10.0)["acceptance"]
-    sx = b.summarize(_results(recorded, "sglang-0.5.23+sglang_ext"), 10.0)["acceptance"]
+    s17 = report.summarize(_results(recorded, "sglang-0.5.17"), 10.0)["acceptance"]
+    sx = report.summarize(_results(recorded, "sglang-0.5.23+sglang_ext"), 10.0)["acceptance"]
     for k in ("accept_length", "accept_rate", "accepted_per_position", "sglang_accept_length"):
         assert s17[k] == pytest.approx(acc[k]) and sx[k] == pytest.approx(acc[k])
 
@@ -244,17 +245,17 @@ def test_compare_speedup_and_eta():
         "acceptance": {"accept_length": 3.6},
     }
     base = {"output_tok_per_s": 30.0, "tpot_s": {"mean": 0.032}}
-    c = b.compare(spec, base)
+    c = report.compare(spec, base)
     assert c["speedup"] == pytest.approx(3.0)
     assert c["tpot_speedup"] == pytest.approx(3.2)
     assert c["eta"] == pytest.approx(3.0 / 3.6)
     assert c["eta_tpot"] == pytest.approx(3.2 / 3.6)
     # The incident: 24.8 tok/s speculative vs 30 baseline, accept length 1.0.
-    bad = b.compare(
+    bad = report.compare(
         {"output_tok_per_s": 24.8, "tpot_s": {}, "acceptance": {"accept_length": 1.0}}, base
     )
     assert bad["speedup"] == pytest.approx(24.8 / 30) and bad["eta"] == pytest.approx(0.8267, 1e-3)
-    none = b.compare({"output_tok_per_s": None, "acceptance": {}}, base)
+    none = report.compare({"output_tok_per_s": None, "acceptance": {}}, base)
     assert none["speedup"] is None and none["eta"] is None
 
 
@@ -262,42 +263,40 @@ def test_warnings_for_broken_and_healthy(recorded):
     rows = pick(recorded, "sglang-0.5.23", "generate")
     random_row = [r for r in rows if r["rid"].startswith("random")]
     healthy = [r for r in rows if r["rid"].startswith("healthy")]
-    s_bad = b.summarize([b.make_result(0, random_row[0]["response"], 1.0, 0.1)], 1.0)
-    w = b.acceptance_warnings(s_bad, "generate")
+    s_bad = report.summarize([report.make_result(0, random_row[0]["response"], 1.0, 0.1)], 1.0)
+    w = report.acceptance_warnings(s_bad, "generate")
     assert len(w) == 1 and w[0].startswith("ACCEPT LENGTH 1.00")
-    s_ok = b.summarize(
-        [b.make_result(k, r["response"], 1.0, 0.1) for k, r in enumerate(healthy)], 1
+    s_ok = report.summarize(
+        [report.make_result(k, r["response"], 1.0, 0.1) for k, r in enumerate(healthy)], 1
     )
-    assert b.acceptance_warnings(s_ok, "generate") == []
+    assert report.acceptance_warnings(s_ok, "generate") == []
     (nospec,) = pick(recorded, "sglang-0.5.23-nospec", "generate")
-    s_none = b.summarize([b.make_result(0, nospec["response"], 1.0, 0.1)], 1.0)
-    assert "NOT REPORTED" in b.acceptance_warnings(s_none, "generate")[0]
-    text = b.banner(w)
+    s_none = report.summarize([report.make_result(0, nospec["response"], 1.0, 0.1)], 1.0)
+    assert "NOT REPORTED" in report.acceptance_warnings(s_none, "generate")[0]
+    text = report.banner(w)
     lines = text.splitlines()
     assert len(lines) == 3 and lines[1].startswith("!!! ACCEPT LENGTH 1.00")
     assert set(lines[0]) == {"!"} == set(lines[2])
-    est = b.summarize(
-        [b.make_result(0, {"meta_info": {"completion_tokens": 25, "spec_verify_ct": 10}}, 1, 0)],
-        1.0,
-    )
-    assert any("estimated" in x for x in b.acceptance_warnings(est, "generate"))
+    meta = {"meta_info": {"completion_tokens": 25, "spec_verify_ct": 10}}
+    est = report.summarize([report.make_result(0, meta, 1, 0)], 1.0)
+    assert any("estimated" in x for x in report.acceptance_warnings(est, "generate"))
 
 
 def test_format_summary_and_tables(recorded):
     res = _results(recorded, "sglang-0.5.23+sglang_ext")
-    s = b.summarize(res, 10.0)
-    text = b.format_summary(s, "speculative")
+    s = report.summarize(res, 10.0)
+    text = report.format_summary(s, "speculative")
     assert "ACCEPT LENGTH (exact)" in text
     assert f"{s['acceptance']['accept_length']:.3f}" in text
     assert "sglang accept length" in text and "ACCEPT RATE" in text
     assert "per-position acceptance" in text
-    table = b.format_requests_table([*res, b.RequestResult(index=7, ok=False, error="x")])
+    table = report.format_requests_table([*res, report.RequestResult(index=7, ok=False, error="x")])
     assert len(table.splitlines()) == 6 and "FAILED: x" in table
     (nospec,) = pick(recorded, "sglang-0.5.23-nospec", "generate")
-    s0 = b.summarize([b.make_result(0, nospec["response"], 1.0, 0.1)], 1.0)
-    assert "NOT REPORTED" in b.format_summary(s0)
-    cmp = b.compare(s, s0)
-    text = b.format_comparison(s, s0, cmp)
+    s0 = report.summarize([report.make_result(0, nospec["response"], 1.0, 0.1)], 1.0)
+    assert "NOT REPORTED" in report.format_summary(s0)
+    cmp = report.compare(s, s0)
+    text = report.format_comparison(s, s0, cmp)
     assert "SPEEDUP" in text and "eta = speedup / accept length" in text
 
 
@@ -350,13 +349,13 @@ REPORT_SCHEMA = {
 def test_report_json_schema(recorded):
     jsonschema = pytest.importorskip("jsonschema")
     res = _results(recorded, "sglang-0.5.23")
-    s = b.summarize(res, 10.0)
-    rep = b.build_report(
+    s = report.summarize(res, 10.0)
+    rep = report.build_report(
         config={"url": "u"},
         server={"url": "u", "speculative_algorithm": "EAGLE3"},
         results=res,
         summary=s,
-        warnings=b.acceptance_warnings(s, "generate"),
+        warnings=report.acceptance_warnings(s, "generate"),
     )
     rep = json.loads(json.dumps(rep))  # JSON-serialisable
     jsonschema.validate(rep, REPORT_SCHEMA)
@@ -651,7 +650,7 @@ def test_plot_written(tmp_path, recorded):
     pytest.importorskip("matplotlib")
     res = _results(recorded, "sglang-0.5.23")
     p = tmp_path / "x.png"
-    b.write_plot(str(p), b.summarize(res, 1.0), res)
+    report.write_plot(str(p), report.summarize(res, 1.0), res)
     assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -676,7 +675,7 @@ def test_import_is_cheap():
     """``sglang-ext --help`` must not pay for SGLang's benchmark (torch, transformers)."""
     import subprocess
 
-    code = "import sys, sglang_ext.cli, sglang_ext.bench; print(sorted(m for m in sys.modules "
+    code = "import sys, sglang_ext.cli, sglang_ext.cli.bench; print(sorted(m for m in sys.modules "
     code += "if m.split('.')[0] in ('sglang', 'torch', 'transformers', 'aiohttp')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_ext.bench import Acceptance, RequestResult
+from sglang_ext.cli.bench_report import Acceptance, RequestResult
 from sglang_ext_tools.launch import STOCK_ENV, Server
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_speed.py"

@@ -21,7 +21,7 @@ from mla_drafters import GEOMETRY
 
 from sglang_ext import compat
 from sglang_ext.demo import Variant, build_drafter, write_target
-from sglang_ext.speculators_format import DrafterConfigError
+from sglang_ext.drafter.config_fields import DrafterConfigError
 
 # The tiny MLA drafter's geometry as a target: any layer count, plus MoE.
 MLA = {k: v for k, v in GEOMETRY.items() if k != "num_hidden_layers"} | dict(
@@ -230,7 +230,7 @@ def test_sglang_format_ids_follow_the_targets_own_rule(targets, serve, tmp_path)
     """SGLang-format ids are in SGLang's convention for the target's class: what its own method
     derives is served (as stock does), and only checked. GlmMoeDsa was held to llama's rule.
     doctor predicts the same layers from the target's config.json."""
-    from sglang_ext.doctor import diagnose
+    from sglang_ext.cli.doctor import diagnose
 
     draft = sglang_format_drafter(tmp_path / "d", [3, 5, 6])
     serve(draft)
@@ -245,7 +245,7 @@ def test_sglang_format_ids_follow_the_targets_own_rule(targets, serve, tmp_path)
 def test_doctors_id_rules_are_the_classes_own(targets, architecture):
     """doctor (no SGLang import) predicts SGLang-format ids with a rule table; each rule against
     the real class's set_eagle3_layers_to_capture."""
-    from sglang_ext.speculators_format import capture_rule_for, captured_layers_from_sglang_ids
+    from sglang_ext.drafter.aux_capture import capture_rule_for, captured_layers_from_sglang_ids
 
     layers = 8
     rule = capture_rule_for(architecture=architecture)
@@ -257,7 +257,7 @@ def test_doctors_id_rules_are_the_classes_own(targets, architecture):
 
 
 def test_doctor_predicts_the_final_state_capture(speculators_drafter, tmp_path):
-    from sglang_ext.doctor import diagnose
+    from sglang_ext.cli.doctor import diagnose
 
     draft = speculators_drafter((1, 2, 4), 4)
     gpt_oss = diagnose(draft, target_config(tmp_path / "g", "GptOssForCausalLM", 4, "gpt_oss"))

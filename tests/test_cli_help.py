@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from sglang_ext import bench, cli
+from sglang_ext import cli
+from sglang_ext.cli import bench
 
 
 def parsers():

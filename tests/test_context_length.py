@@ -11,8 +11,8 @@ import pytest
 from builders import TINY_SGLANG_DRAFTER_CONFIG
 from public_configs import write_sglang_drafter
 
-from sglang_ext import context_length as ctx
-from sglang_ext import doctor
+from sglang_ext.cli import doctor
+from sglang_ext.drafter import context_length as ctx
 
 
 def _drafter(tmp_path, name, **fields):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_ext import convert as convert_module
+from sglang_ext.cli import convert as convert_module
 from sglang_ext.cli import main
 
 LOSSLESS = "norms_off"  # stock SGLang expresses its math: converts without --force

@@ -41,7 +41,7 @@ def test_bundled_fixture_matches_what_speculators_writes(tmp_path):
     """The bundled fixture is what scripts/make_demo_fixture.py (speculators' own code) makes:
     same config (modulo the verifier path) and the same tensor names, shapes and dtypes."""
     from sglang_ext.demo import BUNDLED, make_demo
-    from sglang_ext.loading import read_checkpoint
+    from sglang_ext.drafter.checkpoint_files import read_checkpoint
 
     make_demo(tmp_path)
     fresh = json.loads((tmp_path / "drafter" / "config.json").read_text())

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_ext import doctor
-from sglang_ext.cli import main
+from sglang_ext.cli import doctor, main
 from sglang_ext.demo import BUNDLED
 
 BAD_VALUES = [None, 0, -1, "x", [], {}, [1], True, 1.5, [[1]], ["x", 1]]
@@ -119,7 +118,7 @@ def test_every_config_field_with_a_wrong_type_is_reported_not_raised(demo, tmp_p
     with a Diagnosis (the value may be fine, then OK) and never raises."""
     drafter, target = demo
     if which == "sglang drafter":
-        from sglang_ext.convert import convert
+        from sglang_ext.cli.convert import convert
 
         convert(drafter, tmp_path / "sglang", target, force=True)
         drafter = tmp_path / "sglang"

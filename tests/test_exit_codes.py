@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_ext import convert, demo
-from sglang_ext.cli import main
+from sglang_ext import demo
+from sglang_ext.cli import convert, main
 
 
 def test_demo_refuses_an_out_that_holds_anything(tmp_path, capsys):
@@ -117,11 +117,11 @@ def test_stdout_closed_early_is_not_an_error(tmp_path):
 
 
 def test_one_table_maps_errors_to_codes():
-    from sglang_ext import exit_codes
-    from sglang_ext.bench import BenchError
-    from sglang_ext.checkpoint_files import DrafterLoadError
-    from sglang_ext.config_fields import DrafterConfigError
-    from sglang_ext.convert import ConversionRefused
+    from sglang_ext.cli import exit_codes
+    from sglang_ext.cli.bench import BenchError
+    from sglang_ext.cli.convert import ConversionRefused
+    from sglang_ext.drafter.checkpoint_files import DrafterLoadError
+    from sglang_ext.drafter.config_fields import DrafterConfigError
 
     assert exit_codes.code_for(ConversionRefused("x")) == (2, "refused")
     assert exit_codes.code_for(BenchError("x")) == (2, "error")

@@ -24,8 +24,10 @@ VARIANTS = "llama,random,sglang4layer"
 MAX_WALL_S = float(os.environ.get("SGLANG_EXT_FIXTURES_MAX_S", "180"))
 
 
-def _load_script_module():
-    spec = importlib.util.spec_from_file_location("make_fixtures", SCRIPT)
+def _load_fixtures_common():
+    """scripts/fixtures_common.py (held-out split), loaded by path as the scripts load it."""
+    path = SCRIPT.with_name("fixtures_common.py")
+    spec = importlib.util.spec_from_file_location("fixtures_common", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules.setdefault(spec.name, module)  # dataclasses resolve annotations via it
     spec.loader.exec_module(module)
@@ -179,7 +181,7 @@ def test_sglang_format_drafter(built):
 
 def test_prompts_are_held_out(built):
     out, manifest, _ = built
-    mod = _load_script_module()
+    mod = _load_fixtures_common()
     prompts = [json.loads(line) for line in (out / "prompts.jsonl").read_text().splitlines()]
     assert len(prompts) >= 64
     assert len({p["id"] for p in prompts}) == len(prompts)

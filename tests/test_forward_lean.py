@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-import sglang_ext.fusion as fusion
 import sglang_ext.models.kimi_k25_eagle3 as kimi
 import sglang_ext.models.llama_eagle3 as llama
+import sglang_ext.serving.fusion as fusion
 
 HOST_WORK = {"item", "tolist", "cpu", "numpy", "synchronize", "print", "info", "warning", "debug"}
 PER_STEP = [

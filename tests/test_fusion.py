@@ -8,7 +8,7 @@ import pytest
 import torch
 from sglang_cpu import forward_batch, use_reference_attention
 
-from sglang_ext.fusion import FusionError, FusionPolicy, check_algorithm
+from sglang_ext.serving.fusion import FusionError, FusionPolicy, check_algorithm
 
 POLICY = FusionPolicy(drafter="d", num_aux_hidden_states=3, fc_input_hidden_size=64, hidden_size=64)
 
@@ -74,8 +74,8 @@ class FcSpy(torch.nn.Module):
 def llama_drafter(directory):
     from safetensors.torch import load_file
 
+    from sglang_ext.drafter.speculators_format import load_drafter_spec, to_sglang_config
     from sglang_ext.models.llama_eagle3 import Eagle3DraftModel
-    from sglang_ext.speculators_format import load_drafter_spec, to_sglang_config
 
     model = Eagle3DraftModel(to_sglang_config(load_drafter_spec(directory)))
     model.load_weights(load_file(str(directory / "model.safetensors")).items())

@@ -1,5 +1,5 @@
 """Strict loading and doctor on good and bad checkpoints: what doctor predicts is what the
-server's load_weights does, because both drive sglang_ext.loading.LoadPlan."""
+server's load_weights does, because both drive sglang_ext.drafter.loading.LoadPlan."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from sglang_ext import doctor
-from sglang_ext.loading import DrafterLoadError, read_checkpoint, weight_files
-from sglang_ext.speculators_format import load_drafter_spec, to_sglang_config
+from sglang_ext.cli import doctor
+from sglang_ext.drafter.checkpoint_files import DrafterLoadError, read_checkpoint, weight_files
+from sglang_ext.drafter.speculators_format import load_drafter_spec, to_sglang_config
 
 
 def mutate(directory: Path, tmp_path: Path, edit) -> Path:
@@ -193,7 +193,7 @@ def test_d2t_t2d_disagreement(drafter, tmp_path):
 
 
 def test_parameter_table_must_match_sglangs_model(sglang_env, drafter):
-    from sglang_ext.loading import LoadPlan
+    from sglang_ext.drafter.loading import LoadPlan
 
     plan = LoadPlan(load_drafter_spec(drafter("default")[0]))
     names = list(plan.params) + ["model.layers.0.self_attn.new_param"]

@@ -1,4 +1,4 @@
-"""What sglang_ext.loading promises holds on the server's path, not only in doctor:
+"""What sglang_ext.drafter.loading promises holds on the server's path, not only in doctor:
 attention/MLP biases are refused by name, d2t is checked against t2d at startup, and no
 drafter directory of either format is unpickled except by PyTorch's weights_only loader."""
 
@@ -12,9 +12,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from sglang_ext import doctor, plugin
-from sglang_ext.loading import DrafterLoadError, LoadPlan
-from sglang_ext.speculators_format import DrafterConfigError, load_drafter_spec
+from sglang_ext import plugin
+from sglang_ext.cli import doctor
+from sglang_ext.drafter.checkpoint_files import DrafterLoadError
+from sglang_ext.drafter.config_fields import DrafterConfigError
+from sglang_ext.drafter.loading import LoadPlan
+from sglang_ext.drafter.speculators_format import load_drafter_spec
 
 
 def copy_of(directory: Path, tmp_path: Path, name: str = "drafter") -> Path:
@@ -65,7 +68,7 @@ def test_biased_speculators_drafter_is_refused_by_field(drafter, tmp_path, field
 
 
 def test_biased_sglang_format_drafter_is_refused_by_field(drafter, tmp_path, target_dir):
-    from sglang_ext.convert import convert
+    from sglang_ext.cli.convert import convert
 
     directory = tmp_path / "sglang"
     convert(drafter("norms_off")[0], directory, target_dir)
@@ -109,7 +112,7 @@ def test_agreeing_d2t_and_t2d_pass(drafter, target_dir):
 
 
 def _pickled_sglang_drafter(drafter, tmp_path, target_dir) -> Path:
-    from sglang_ext.convert import convert
+    from sglang_ext.cli.convert import convert
 
     directory = tmp_path / "sglang"
     convert(drafter("norms_off")[0], directory, target_dir)

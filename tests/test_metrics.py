@@ -1,4 +1,4 @@
-"""Unit tests for sglang_ext.metrics (CPU only, no server).
+"""Unit tests for sglang_ext.metrics.hook (CPU only, no server).
 
 Data: ``tests/data/recorded_requests_synthetic_drafter_health.jsonl`` holds 30 requests of a
 healthy chain drafter (S=3, speculative_num_draft_tokens=4) followed by 25 of a random one.
@@ -24,7 +24,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_ext import metrics as m
+from sglang_ext.metrics import acceptance, acceptance_prometheus, drafter_health
+from sglang_ext.metrics import hook as m
 
 DATA = Path(__file__).parent / "data" / "recorded_requests_synthetic_drafter_health.jsonl"
 SGLANG_0517_SRC = Path(os.environ.get("SGLANG_0517_SRC", "/work/sglang0517"))
@@ -38,7 +39,7 @@ def load_requests() -> list[dict]:
 
 
 def to_record(r: dict) -> dict:
-    return m.build_record(
+    return acceptance.build_record(
         rid=r["rid"],
         prompt_tokens=r["prompt_tokens"],
         completion_tokens=r["completion_tokens"],
@@ -63,46 +64,46 @@ def requests_data() -> list[dict]:
 
 def test_accept_length_hand_computed():
     # 6 verify steps accepting 0,1,1,3,3,3 drafts -> 11 accepted, 17 tokens committed.
-    assert m.accept_length(11, 6) == pytest.approx(17 / 6)
-    assert m.accept_length(0, 5) == 1.0
-    assert m.accept_length(3 * 7, 7) == 4.0  # all 3 drafts every step -> S + 1
-    assert m.accept_length(0, 0) is None
+    assert acceptance.accept_length(11, 6) == pytest.approx(17 / 6)
+    assert acceptance.accept_length(0, 5) == 1.0
+    assert acceptance.accept_length(3 * 7, 7) == 4.0  # all 3 drafts every step -> S + 1
+    assert acceptance.accept_length(0, 0) is None
 
 
 def test_sglang_accept_length_is_inflated_by_prefill_token():
     # Random drafter, 3 verify steps: 1 prefill token + 3 bonus tokens = 4 completion tokens.
-    assert m.accept_length(0, 3) == 1.0
-    assert m.sglang_accept_length(4, 3) == pytest.approx(4 / 3)
+    assert acceptance.accept_length(0, 3) == 1.0
+    assert acceptance.sglang_accept_length(4, 3) == pytest.approx(4 / 3)
     # Long request: the inflation vanishes.
-    assert m.sglang_accept_length(1001, 1000) == pytest.approx(1.001)
-    assert m.sglang_accept_length(5, 0) is None
+    assert acceptance.sglang_accept_length(1001, 1000) == pytest.approx(1.001)
+    assert acceptance.sglang_accept_length(5, 0) is None
 
 
 def test_draft_tokens_per_step_and_accept_rate():
-    assert m.draft_tokens_per_step(4, 3) == 3  # chain: num_draft_tokens - 1 == num_steps
-    assert m.draft_tokens_per_step(None, 5) == 5
-    assert m.draft_tokens_per_step(None, None) == 0
-    assert m.draft_tokens_per_step(8, 3) == 7  # tree topk>1: non-root tree nodes
-    assert m.proposed_draft_tokens(6, 3) == 18
-    assert m.accept_rate(11, 18) == pytest.approx(11 / 18)
-    assert m.accept_rate(0, 0) is None
+    assert acceptance.draft_tokens_per_step(4, 3) == 3  # chain: num_draft_tokens - 1 == num_steps
+    assert acceptance.draft_tokens_per_step(None, 5) == 5
+    assert acceptance.draft_tokens_per_step(None, None) == 0
+    assert acceptance.draft_tokens_per_step(8, 3) == 7  # tree topk>1: non-root tree nodes
+    assert acceptance.proposed_draft_tokens(6, 3) == 18
+    assert acceptance.accept_rate(11, 18) == pytest.approx(11 / 18)
+    assert acceptance.accept_rate(0, 0) is None
 
 
 def test_per_position_hand_computed():
     steps = [0, 1, 1, 3, 3, 3]
-    acc, prop = m.per_position_from_steps(steps, 3)
+    acc, prop = acceptance.per_position_from_steps(steps, 3)
     assert acc == [5, 3, 3]
     assert prop == [6, 6, 6]
-    hist = m.histogram_from_steps(steps)
+    hist = acceptance.histogram_from_steps(steps)
     assert hist == [1, 2, 0, 3]
-    assert m.per_position_from_histogram(hist, 3) == (acc, prop)
-    assert m.rates(acc, prop) == pytest.approx([5 / 6, 0.5, 0.5])
+    assert acceptance.per_position_from_histogram(hist, 3) == (acc, prop)
+    assert acceptance.rates(acc, prop) == pytest.approx([5 / 6, 0.5, 0.5])
     # Short histogram (nothing beyond 1 accepted) still gives S positions.
-    assert m.per_position_from_histogram([4, 2], 3) == ([2, 0, 0], [6, 6, 6])
+    assert acceptance.per_position_from_histogram([4, 2], 3) == ([2, 0, 0], [6, 6, 6])
     # Random drafter: nothing accepted anywhere.
-    assert m.per_position_from_histogram([9], 3) == ([0, 0, 0], [9, 9, 9])
+    assert acceptance.per_position_from_histogram([9], 3) == ([0, 0, 0], [9, 9, 9])
     with pytest.raises(ValueError):
-        m.per_position_from_steps([4], 3)
+        acceptance.per_position_from_steps([4], 3)
 
 
 def test_histogram_matches_sglang_req_method(requests_data):
@@ -113,7 +114,7 @@ def test_histogram_matches_sglang_req_method(requests_data):
         fake_req = SimpleNamespace(spec_correct_drafts_histogram=[])
         for a in r["accepted_per_step"]:
             Req.update_spec_correct_drafts_histogram(fake_req, a)
-        assert fake_req.spec_correct_drafts_histogram == m.histogram_from_steps(
+        assert fake_req.spec_correct_drafts_histogram == acceptance.histogram_from_steps(
             r["accepted_per_step"]
         )
         assert fake_req.spec_correct_drafts_histogram == r["spec_correct_drafts_histogram"]
@@ -132,8 +133,8 @@ def test_recorded_data_is_internally_consistent(requests_data):
 
 def test_per_position_from_histogram_equals_definition_on_recorded(requests_data):
     for r in requests_data:
-        by_steps = m.per_position_from_steps(r["accepted_per_step"], S)
-        by_hist = m.per_position_from_histogram(r["spec_correct_drafts_histogram"], S)
+        by_steps = acceptance.per_position_from_steps(r["accepted_per_step"], S)
+        by_hist = acceptance.per_position_from_histogram(r["spec_correct_drafts_histogram"], S)
         assert by_hist == by_steps
         # Sum over positions of accepted == accepted drafts (each accepted draft sits at
         # exactly one position).
@@ -143,7 +144,7 @@ def test_per_position_from_histogram_equals_definition_on_recorded(requests_data
 
 
 def test_build_record_values_and_inconsistency():
-    rec = m.build_record(
+    rec = acceptance.build_record(
         rid="r1",
         prompt_tokens=12,
         completion_tokens=18,
@@ -163,7 +164,7 @@ def test_build_record_values_and_inconsistency():
     assert rec["proposed_per_position"] == [6, 6, 6]
     assert rec["accept_per_position"] == pytest.approx([0.8333, 0.5, 0.5], abs=1e-4)
     with pytest.raises(ValueError, match="histogram total"):
-        m.build_record(
+        acceptance.build_record(
             rid="x",
             prompt_tokens=1,
             completion_tokens=5,
@@ -174,7 +175,7 @@ def test_build_record_values_and_inconsistency():
             num_steps=3,
         )
     with pytest.raises(ValueError, match="histogram mass"):
-        m.build_record(
+        acceptance.build_record(
             rid="x",
             prompt_tokens=1,
             completion_tokens=5,
@@ -185,7 +186,7 @@ def test_build_record_values_and_inconsistency():
             num_steps=3,
         )
     # Without histogram: totals only.
-    rec = m.build_record(
+    rec = acceptance.build_record(
         rid="y",
         prompt_tokens=1,
         completion_tokens=5,
@@ -196,7 +197,7 @@ def test_build_record_values_and_inconsistency():
         num_steps=3,
     )
     assert rec["accept_per_position"] is None and rec["accept_length"] == 1.0
-    extras = m.meta_info_extras(rec)
+    extras = acceptance.meta_info_extras(rec)
     assert "spec_accept_per_position" not in extras
     assert extras["spec_accept_length_exact"] == 1.0
 
@@ -239,7 +240,7 @@ def test_summed_per_request_counts_equal_sglang_scheduler_aggregate(requests_dat
     )
 
     records = [to_record(r) for r in requests_data]
-    agg = m.sglang_aggregate(records, NUM_DRAFT_TOKENS, S)
+    agg = acceptance.sglang_aggregate(records, NUM_DRAFT_TOKENS, S)
     assert agg["spec_num_forward_ct"] == counters.spec_num_forward_ct
     assert agg["spec_num_accept_tokens"] == counters.spec_num_accept_tokens
     assert agg["accept_length"] == pytest.approx(sg_len)
@@ -250,7 +251,7 @@ def test_summed_per_request_counts_equal_sglang_scheduler_aggregate(requests_dat
     assert total_acc == counters.spec_num_accept_tokens - counters.spec_num_forward_ct
     assert total_prop == counters.spec_num_forward_ct * (NUM_DRAFT_TOKENS - 1)
     assert sum(r["proposed_draft_tokens"] for r in records) == total_prop
-    pooled = m.pooled_per_position(records)
+    pooled = acceptance.pooled_per_position(records)
     assert sum(p * counters.spec_num_forward_ct for p in pooled) == pytest.approx(total_acc)
 
 
@@ -259,12 +260,12 @@ def test_summed_per_request_counts_equal_sglang_scheduler_aggregate(requests_dat
 
 def test_log_line_round_trip_and_format(requests_data):
     rec = to_record(requests_data[0])
-    line = m.format_log_line(rec)
+    line = acceptance.format_log_line(rec)
     assert line.startswith("sglang_ext.acceptance {")
     assert "\n" not in line
-    assert m.parse_log_line(line) == rec
+    assert acceptance.parse_log_line(line) == rec
     # SGLang's formatter prepends a timestamp.
-    assert m.parse_log_line("[2025-01-01 00:00:00] " + line) == rec
+    assert acceptance.parse_log_line("[2025-01-01 00:00:00] " + line) == rec
     for key in (
         "rid",
         "prompt_tokens",
@@ -280,7 +281,7 @@ def test_log_line_round_trip_and_format(requests_data):
     ):
         assert key in rec
     with pytest.raises(ValueError):
-        m.parse_log_line("something else {}")
+        acceptance.parse_log_line("something else {}")
 
 
 def test_recorder_logs_one_parseable_line_per_request(requests_data, caplog, tmp_path):
@@ -289,13 +290,15 @@ def test_recorder_logs_one_parseable_line_per_request(requests_data, caplog, tmp
     for r in requests_data[:5]:
         rec.record(to_record(r))
     lines = [x.getMessage() for x in caplog.records if x.name == m.LOGGER_NAME]
-    acc_lines = [x for x in lines if x.startswith(m.LOG_PREFIX + " {")]
+    acc_lines = [x for x in lines if x.startswith(acceptance.LOG_PREFIX + " {")]
     assert len(acc_lines) == 5
-    assert [m.parse_log_line(x)["rid"] for x in acc_lines] == [r["rid"] for r in requests_data[:5]]
+    rids = [acceptance.parse_log_line(x)["rid"] for x in acc_lines]
+    assert rids == [r["rid"] for r in requests_data[:5]]
     caplog.clear()
     quiet = m.AcceptanceRecorder(m.MetricsConfig(log_requests=False))
     quiet.record(to_record(requests_data[0]))
-    assert not [x for x in caplog.records if x.getMessage().startswith(m.LOG_PREFIX + " {")]
+    prefix = acceptance.LOG_PREFIX + " {"
+    assert not [x for x in caplog.records if x.getMessage().startswith(prefix)]
 
 
 def test_jsonl_sink(requests_data, tmp_path):
@@ -354,12 +357,12 @@ def _metrics(registry=None):
     from prometheus_client import CollectorRegistry
 
     registry = registry or CollectorRegistry()
-    return m.AcceptanceMetrics(list(LABELS), registry=registry), registry
+    return acceptance_prometheus.AcceptanceMetrics(list(LABELS), registry=registry), registry
 
 
 def test_prometheus_names_labels_buckets():
     metrics, reg = _metrics()
-    rec = m.build_record(
+    rec = acceptance.build_record(
         rid="r1",
         prompt_tokens=12,
         completion_tokens=18,
@@ -400,13 +403,13 @@ def test_prometheus_names_labels_buckets():
         for s in families["sglang:spec_ext_accept_length"].samples
         if s.name.endswith("_bucket")
     ]
-    assert les == [*m.ACCEPT_LENGTH_BUCKETS, float("inf")]
+    assert les == [*acceptance_prometheus.ACCEPT_LENGTH_BUCKETS, float("inf")]
     les = [
         float(s.labels["le"])
         for s in families["sglang:spec_ext_accept_rate"].samples
         if s.name.endswith("_bucket")
     ]
-    assert les == [*m.ACCEPT_RATE_BUCKETS, float("inf")]
+    assert les == [*acceptance_prometheus.ACCEPT_RATE_BUCKETS, float("inf")]
     g = reg.get_sample_value
     assert g("sglang:spec_ext_accept_length_count", LABELS) == 1
     assert g("sglang:spec_ext_accept_length_sum", LABELS) == pytest.approx(2.8333, abs=1e-4)
@@ -447,7 +450,7 @@ def test_prometheus_multiprocess_mode(tmp_path, requests_data):
     rec = to_record(requests_data[0])
     code = (
         "import json, sys\n"
-        "from sglang_ext import metrics as m\n"
+        "from sglang_ext.metrics import hook as m\n"
         "rec = json.loads(sys.argv[1])\n"
         f"labels = {LABELS!r}\n"
         "r = m.AcceptanceRecorder(m.MetricsConfig(log_requests=False))\n"
@@ -475,7 +478,7 @@ def test_prometheus_multiprocess_mode(tmp_path, requests_data):
 def test_metrics_module_does_not_import_heavy_deps_at_import():
     code = (
         "import sys\n"
-        "import sglang_ext.metrics, sglang_ext.bench\n"
+        "import sglang_ext.metrics.hook, sglang_ext.cli.bench\n"
         "bad = [x for x in ('sglang', 'torch', 'prometheus_client') if x in sys.modules]\n"
         "assert not bad, bad\n"
     )
@@ -499,7 +502,7 @@ def _feed(alarm, records):
 def test_alarm_fires_once_within_window_and_rearms(requests_data):
     records = [to_record(r) for r in requests_data]
     healthy, random_ = records[:30], records[30:]
-    alarm = m.DrafterHealthAlarm(window=20, min_tokens=32, threshold=0.05)
+    alarm = drafter_health.DrafterHealthAlarm(window=20, min_tokens=32, threshold=0.05)
     assert _feed(alarm, healthy) == []
     assert alarm.window_full and not alarm.unhealthy
     assert alarm.rolling_accept_rate > 0.3
@@ -527,7 +530,7 @@ def test_alarm_fires_once_within_window_and_rearms(requests_data):
 def test_alarm_needs_full_window_of_long_requests(requests_data):
     records = [to_record(r) for r in requests_data]
     random_ = records[30:]
-    alarm = m.DrafterHealthAlarm(window=20, min_tokens=32, threshold=0.05)
+    alarm = drafter_health.DrafterHealthAlarm(window=20, min_tokens=32, threshold=0.05)
     eligible = [r for r in random_ if r["completion_tokens"] >= 32]
     short = [r for r in random_ if r["completion_tokens"] < 32]
     assert short, "data should contain short requests"
@@ -762,7 +765,7 @@ def test_hook_on_real_tokenizer_manager_method(monkeypatch, requests_data, caplo
             r["completion_tokens"] / r["spec_verify_ct"]
         )
         # ... ours next to them, consistent with SGLang's definitions.
-        acc, prop = m.per_position_from_steps(r["accepted_per_step"], S)
+        acc, prop = acceptance.per_position_from_steps(r["accepted_per_step"], S)
         assert meta["spec_accepted_per_position"] == acc
         assert meta["spec_proposed_per_position"] == prop
         assert meta["spec_accepted_draft_tokens"] == meta["spec_num_correct_drafts"]
@@ -772,9 +775,9 @@ def test_hook_on_real_tokenizer_manager_method(monkeypatch, requests_data, caplo
         )
         assert len(meta["spec_accept_per_position"]) == S
     lines = [
-        m.parse_log_line(x.getMessage())
+        acceptance.parse_log_line(x.getMessage())
         for x in caplog.records
-        if x.getMessage().startswith(m.LOG_PREFIX + " {")
+        if x.getMessage().startswith(acceptance.LOG_PREFIX + " {")
     ]
     assert [x["rid"] for x in lines] == [r["rid"] for r in rows]
     assert lines[0]["drafter"] == "/models/drafter"

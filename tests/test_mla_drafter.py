@@ -11,8 +11,8 @@ import pytest
 import torch
 from mla_drafters import mla_checkpoint, mla_config, write_mla_drafter
 
-from sglang_ext.doctor import diagnose
-from sglang_ext.loading import DrafterLoadError
+from sglang_ext.cli.doctor import diagnose
+from sglang_ext.drafter.checkpoint_files import DrafterLoadError
 
 VARIANTS = {
     "default": {},

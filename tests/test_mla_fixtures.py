@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sglang_ext import doctor
+from sglang_ext.cli import doctor
 
 ROOT = Path(__file__).resolve().parents[1]
 

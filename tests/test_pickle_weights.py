@@ -14,10 +14,10 @@ from builders import TINY_SGLANG_DRAFTER_CONFIG
 from public_configs import write_sglang_drafter
 from safetensors.torch import load_file
 
-from sglang_ext import doctor
-from sglang_ext.checkpoint_files import DrafterLoadError, read_checkpoint, weight_files
-from sglang_ext.loading import LoadPlan
-from sglang_ext.speculators_format import load_drafter_spec
+from sglang_ext.cli import doctor
+from sglang_ext.drafter.checkpoint_files import DrafterLoadError, read_checkpoint, weight_files
+from sglang_ext.drafter.loading import LoadPlan
+from sglang_ext.drafter.speculators_format import load_drafter_spec
 
 CONFIG = dict(TINY_SGLANG_DRAFTER_CONFIG)
 
@@ -95,7 +95,7 @@ def test_non_tensor_pickle_is_refused_by_name(tmp_path):
 
 
 def test_convert_reads_a_pickle_only_speculators_drafter(drafter, tmp_path, target_dir):
-    from sglang_ext.convert import convert
+    from sglang_ext.cli.convert import convert
 
     source = tmp_path / "spec"
     shutil.copytree(drafter("norms_off")[0], source)

@@ -14,7 +14,7 @@ import pytest
 from builders import sglang_format_drafter
 
 from sglang_ext import compat
-from sglang_ext.speculators_format import DrafterConfigError
+from sglang_ext.drafter.config_fields import DrafterConfigError
 
 ARCHS = (
     "LlamaForCausalLMEagle3",
@@ -135,7 +135,7 @@ def test_hooked_get_config_fails_fast_on_a_bad_checkpoint(registered, drafter, t
 
     from safetensors.torch import load_file, save_file
 
-    from sglang_ext.loading import DrafterLoadError
+    from sglang_ext.drafter.checkpoint_files import DrafterLoadError
 
     bad = tmp_path / "bad"
     shutil.copytree(drafter("default")[0], bad)
@@ -255,7 +255,7 @@ def test_capture_rules_match_sglangs_own_methods():
     from sglang.srt.models.deepseek_v2 import DeepseekV2ForCausalLM
     from sglang.srt.models.llama import LlamaForCausalLM
 
-    from sglang_ext.speculators_format import captured_layers_from_sglang_ids
+    from sglang_ext.drafter.aux_capture import captured_layers_from_sglang_ids
 
     for cls, rule in (
         (LlamaForCausalLM, "plus_one"),

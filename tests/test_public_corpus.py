@@ -8,7 +8,7 @@ import json
 import pytest
 from public_configs import CORPUS, build, manifest, scale_config, scaled_heads, scaled_width
 
-from sglang_ext import doctor
+from sglang_ext.cli import doctor
 
 NAMES = sorted(manifest()["drafters"])
 

@@ -527,7 +527,7 @@ def test_teacher_forced_counts_against_the_given_tokens(ref_target_dir):
 
 
 def test_teacher_forced_rows_from_served_outputs(ref_target, ref_drafter):
-    from sglang_ext.acceptance import pooled_per_position
+    from sglang_ext.metrics.acceptance import pooled_per_position
     from sglang_ext_tools.tau_compare import compare
 
     prompts = [{"id": f"p{i:03d}", "input_ids": _prompt(500 + i, 12 + 2 * i)} for i in range(3)]

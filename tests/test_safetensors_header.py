@@ -10,9 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from sglang_ext import doctor
-from sglang_ext.cli import main
-from sglang_ext.loading import MAX_HEADER_BYTES, DrafterLoadError, read_safetensors_header
+from sglang_ext.cli import doctor, main
+from sglang_ext.drafter.checkpoint_files import (
+    MAX_HEADER_BYTES,
+    DrafterLoadError,
+    read_safetensors_header,
+)
 
 
 def write_raw(path: Path, header, data: bytes = b"") -> Path:

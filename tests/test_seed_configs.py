@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from sglang_ext import doctor
-from sglang_ext.speculators_format import DrafterConfigError, load_drafter_spec
+from sglang_ext.cli import doctor
+from sglang_ext.drafter.config_fields import DrafterConfigError
+from sglang_ext.drafter.speculators_format import load_drafter_spec
 
 sys.path.insert(0, str(Path(__file__).parent / "behaviour"))
 from eagle3_behaviour import HIDDEN, write_sglang_drafter  # noqa: E402

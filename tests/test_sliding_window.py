@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from sglang_ext import compat
-from sglang_ext.drafter_spec import DrafterSpec
+from sglang_ext.drafter.drafter_spec import DrafterSpec
 
 pytest.importorskip("speculators", reason="the test checkpoints are written by speculators")
 
@@ -126,8 +126,8 @@ def mixed_drafter(drafter, tmp_path):
 def build(directory, monkeypatch, *, version: str, flag: int | None = None):
     from sglang.srt.models import llama_eagle3 as upstream
 
+    from sglang_ext.drafter.speculators_format import load_drafter_spec, to_sglang_config
     from sglang_ext.models.llama_eagle3 import Eagle3DraftModel
-    from sglang_ext.speculators_format import load_drafter_spec, to_sglang_config
 
     real = upstream.get_spec
 
@@ -205,8 +205,8 @@ def test_full_attention_drafter_keeps_sglangs_flag_handling(
     [("0.5.17", "full", True), ("0.5.23", "sliding window 4 on layers [0, 1]", False)],
 )
 def test_doctor_says_what_this_sglang_serves(drafter, monkeypatch, version, served, warned):
-    from sglang_ext import doctor
-    from sglang_ext.speculators_format import load_drafter_spec
+    from sglang_ext.cli import doctor
+    from sglang_ext.drafter.speculators_format import load_drafter_spec
 
     monkeypatch.setattr(compat, "sglang_version", lambda: version)
     diagnosis = doctor.Diagnosis(drafter=None, target=None)

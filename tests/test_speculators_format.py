@@ -7,14 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from sglang_ext.speculators_format import (
-    DrafterConfigError,
+from sglang_ext.drafter.aux_capture import (
     TargetInfo,
     captured_layers_from_sglang_ids,
-    load_drafter_spec,
-    route,
-    sglang_config_dict,
     sglang_ids_for_capture,
+)
+from sglang_ext.drafter.config_fields import DrafterConfigError
+from sglang_ext.drafter.key_table import route
+from sglang_ext.drafter.speculators_format import (
+    load_drafter_spec,
+    sglang_config_dict,
     to_sglang_config,
 )
 
@@ -100,7 +102,7 @@ def test_config_py_is_never_imported(drafter, tmp_path):
     directory = edit_config(drafter("default")[0], tmp_path)
     marker = tmp_path / "imported"
     (directory / "config.py").write_text(f"open({str(marker)!r}, 'w').write('side effect')\n")
-    from sglang_ext import doctor
+    from sglang_ext.cli import doctor
 
     spec = load_drafter_spec(directory)
     to_sglang_config(spec)
@@ -171,7 +173,7 @@ def test_capture_problems_against_a_target(drafter, tmp_path):
 
 def test_default_ids_collapse_on_small_targets(tmp_path):
     """SGLang's default [2, L//2, L-3] on a 4-layer target captures 2 distinct layers."""
-    from sglang_ext.speculators_format import check_capture, sglang_default_capture
+    from sglang_ext.drafter.aux_capture import check_capture, sglang_default_capture
 
     captured = sglang_default_capture(4)
     assert captured == [2, 2, 1]
@@ -219,8 +221,8 @@ def test_hub_ids_resolve_through_the_local_hf_cache(drafter, tmp_path):
     (repo / "refs" / "main").write_text("0" * 40)
     code = (
         "import json\n"
-        "from sglang_ext import doctor\n"
-        "from sglang_ext.speculators_format import is_speculators_dir, load_drafter_spec\n"
+        "from sglang_ext.cli import doctor\n"
+        "from sglang_ext.drafter.speculators_format import is_speculators_dir, load_drafter_spec\n"
         "spec = load_drafter_spec('acme/eagle3-drafter')\n"
         "print(json.dumps([is_speculators_dir('acme/eagle3-drafter'), spec.source,\n"
         "                  doctor.diagnose('acme/eagle3-drafter').verdict,\n"

@@ -21,7 +21,7 @@ def registered(sglang_env):
     """What plugin.register() does for tokenizer workers (the environment restored after)."""
     from sglang.srt.plugins.hook_registry import HookRegistry
 
-    from sglang_ext import tokenizer_workers
+    from sglang_ext.serving import tokenizer_workers
 
     saved = os.environ.get(tokenizer_workers.APP_PATH_ENV)
     tokenizer_workers.install()
@@ -42,7 +42,7 @@ from uvicorn.importer import import_from_string
 app = import_from_string(envs.SGLANG_HTTP_SERVER_APP_PATH.get())
 from sglang.srt.entrypoints import http_server
 from sglang.srt.plugins.hook_registry import HookRegistry
-from sglang_ext.metrics import CALC_SPEC_METRICS_TARGET
+from sglang_ext.metrics.hook import CALC_SPEC_METRICS_TARGET
 print(json.dumps([app is http_server.app, CALC_SPEC_METRICS_TARGET in HookRegistry._patched]))
 """
 
@@ -65,7 +65,7 @@ def test_tokenizer_workers_load_the_plugin(registered):
 def launcher_check(**server_args):
     """The hook on SGLang's write_data_for_multi_tokenizer, which its launcher calls only when
     it is about to start tokenizer workers."""
-    from sglang_ext import tokenizer_workers
+    from sglang_ext.serving import tokenizer_workers
 
     calls = []
     args = SimpleNamespace(tokenizer_worker_num=2, **server_args)
@@ -76,7 +76,7 @@ def launcher_check(**server_args):
 
 
 def test_workers_routed_through_the_plugin_start(registered):
-    from sglang_ext import tokenizer_workers
+    from sglang_ext.serving import tokenizer_workers
 
     if not tokenizer_workers.sglang_reads_app_path():
         pytest.skip("0.5.17")
@@ -84,7 +84,7 @@ def test_workers_routed_through_the_plugin_start(registered):
 
 
 def test_another_app_path_fails_the_launch_naming_flag_and_variable(registered, monkeypatch):
-    from sglang_ext import tokenizer_workers
+    from sglang_ext.serving import tokenizer_workers
 
     if not tokenizer_workers.sglang_reads_app_path():
         pytest.skip("0.5.17")
@@ -99,7 +99,7 @@ def test_another_app_path_fails_the_launch_naming_flag_and_variable(registered, 
 def test_sglang_without_an_app_path_fails_the_launch_naming_the_flag(registered, monkeypatch):
     """SGLang 0.5.17 (http_server.py) passes the fixed path 'sglang.srt.entrypoints.
     http_server:app' to uvicorn and Granian: the workers cannot be made to load plugins."""
-    from sglang_ext import tokenizer_workers
+    from sglang_ext.serving import tokenizer_workers
 
     monkeypatch.setattr(tokenizer_workers, "sglang_reads_app_path", lambda: False)
     with pytest.raises(SystemExit) as info:
@@ -115,7 +115,7 @@ def test_sglangs_launcher_calls_the_check(registered, monkeypatch):
     """http_server.py imported write_data_for_multi_tokenizer by name; the hook reaches it."""
     from sglang.srt.entrypoints import http_server
 
-    from sglang_ext import tokenizer_workers
+    from sglang_ext.serving import tokenizer_workers
 
     monkeypatch.setattr(tokenizer_workers, "sglang_reads_app_path", lambda: False)
     with pytest.raises(SystemExit, match="--tokenizer-worker-num 3"):

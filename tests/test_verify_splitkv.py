@@ -1,4 +1,4 @@
-"""The opt-in split-KV verify hook (sglang_ext.verify_splitkv) and the kernel it enables.
+"""The opt-in split-KV verify hook (sglang_ext.serving.verify_splitkv) and the kernel it enables.
 
 The kernel is SGLang's own; what we check here is that it computes the same attention as the
 kernel it replaces. Both run under Triton's interpreter on CPU, in a subprocess, because
@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_ext import verify_splitkv
+from sglang_ext.serving import verify_splitkv
 
 COMPARE = textwrap.dedent(
     """

@@ -3,10 +3,10 @@
 Subclasses ``sglang.srt.models.kimi_k25_eagle3.Eagle3DeepseekV2ForCausalLM`` and overrides only
 what differs:
 
-- ``Eagle3MLAModel.forward``: fusion decided by the forward mode (``sglang_ext.fusion``),
+- ``Eagle3MLAModel.forward``: fusion decided by the forward mode (``sglang_ext.serving.fusion``),
   applied by re-classing the module SGLang built, as in ``sglang_ext.models.llama_eagle3``;
-- ``load_weights``: the same LoadPlan as the llama drafter (``sglang_ext.loading``, key table
-  ``key_table.MLA_KEY_TABLE``) instead of SGLang's loop, which skips unknown names with
+- ``load_weights``: the same LoadPlan as the llama drafter (``sglang_ext.drafter.loading``, key
+  table ``key_table.MLA_KEY_TABLE``) instead of SGLang's loop, which skips unknown names with
   a log line and never checks for missing ones; SGLang's ``post_load_weights`` (kv_b_proj split
   into MLA's w_kc / w_vc) still runs after it.
 """
@@ -20,10 +20,10 @@ from sglang.srt.models import kimi_k25_eagle3 as upstream
 from sglang.srt.utils import BumpAllocator
 
 from sglang_ext import compat
-from sglang_ext.fusion import FusionPolicy, check_algorithm
-from sglang_ext.loading import LoadPlan
+from sglang_ext.drafter.loading import LoadPlan
+from sglang_ext.drafter.speculators_format import drafter_spec_for
 from sglang_ext.models.llama_eagle3 import load_with_plan, token_embeddings
-from sglang_ext.speculators_format import drafter_spec_for
+from sglang_ext.serving.fusion import FusionPolicy, check_algorithm
 
 
 class Eagle3MLAModel(upstream.Eagle3MLAModel):

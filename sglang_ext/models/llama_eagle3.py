@@ -3,14 +3,14 @@
 Subclasses ``sglang.srt.models.llama_eagle3.LlamaForCausalLMEagle3`` and overrides only what
 differs:
 
-- ``LlamaModel.forward``: fusion decided by the forward mode (``sglang_ext.fusion``);
+- ``LlamaModel.forward``: fusion decided by the forward mode (``sglang_ext.serving.fusion``);
 - the first decoder layer's forward: speculators' ``norm_before_residual``
   (``speculators/models/eagle3/model_definitions.py:Eagle3FirstLayerMixin.forward``);
 - the attention's q/k projection prep: per-head ``q_norm``/``k_norm`` for qwen3 draft layers;
 - per-layer sliding window from ``layer_types``/``sliding_window``;
 - ``set_embed``: a drafter that trained its own embeddings keeps them;
 - ``load_weights``: every tensor loaded, ignored for a stated reason, or an error
-  (``sglang_ext.loading``; ``load_with_plan`` is shared with the MLA drafter).
+  (``sglang_ext.drafter.loading``; ``load_with_plan`` is shared with the MLA drafter).
 
 SGLang's constructors name their submodule classes directly (``LlamaModel(...)``,
 ``LlamaDecoderLayer(...)``), so the overrides are applied by re-classing the modules SGLang
@@ -30,12 +30,12 @@ from sglang.srt.models import llama_eagle3 as upstream
 from sglang.srt.models.llama import LlamaAttention
 
 from sglang_ext import compat
-from sglang_ext.checkpoint_files import DrafterLoadError, torch_dtype_name
-from sglang_ext.config_fields import DrafterConfigError
-from sglang_ext.drafter_spec import DrafterSpec
-from sglang_ext.fusion import FusionPolicy, check_algorithm
-from sglang_ext.loading import LoadPlan, LoadReport
-from sglang_ext.speculators_format import drafter_spec_for
+from sglang_ext.drafter.checkpoint_files import DrafterLoadError, torch_dtype_name
+from sglang_ext.drafter.config_fields import DrafterConfigError
+from sglang_ext.drafter.drafter_spec import DrafterSpec
+from sglang_ext.drafter.loading import LoadPlan, LoadReport
+from sglang_ext.drafter.speculators_format import drafter_spec_for
+from sglang_ext.serving.fusion import FusionPolicy, check_algorithm
 
 logger = logging.getLogger(__name__)
 

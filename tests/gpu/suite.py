@@ -221,7 +221,7 @@ class Cluster(dict):
 def cluster():
     if not fixtures_ready(FIXTURES, "prompts.jsonl"):
         pytest.skip(f"no fixtures in {FIXTURES}: run scripts/make_fixtures.py first")
-    from sglang_ext.convert import convert
+    from sglang_ext.cli.convert import convert
 
     converted = LOG_DIR / "converted-llama-drafter"
     RESULTS["converted_differences"] = convert(
@@ -380,7 +380,7 @@ def public_config_servers(port) -> list[Server]:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the corpus builder
     from public_configs import build, manifest
 
-    from sglang_ext import doctor
+    from sglang_ext.cli import doctor
 
     root = LOG_DIR / "public-configs"
     shutil.rmtree(root, ignore_errors=True)

@@ -282,7 +282,7 @@ def test_bench_client_against_baseline(cluster, tmp_path):
 
 
 def test_per_request_metrics_log_and_prometheus(cluster):
-    from sglang_ext import metrics
+    from sglang_ext.metrics import acceptance as metrics
 
     server = cluster["plugin"]
     log_lines = [

@@ -2,7 +2,7 @@
 
 A rolling window of per-request accept rates (:class:`DrafterHealthAlarm`) that fires when a
 broken drafter keeps the accept length at ~1.0, and the warning naming the likely causes.
-Pure state machine; :class:`sglang_ext.metrics.AcceptanceRecorder` logs its events and sets
+Pure state machine; :class:`sglang_ext.metrics.hook.AcceptanceRecorder` logs its events and sets
 the Prometheus gauges.
 """
 

@@ -23,7 +23,8 @@ from __future__ import annotations
 import logging
 import os
 
-logger = logging.getLogger(__name__)
+# The name it had before the move to serving/: logging configurations name it.
+logger = logging.getLogger("sglang_ext.verify_splitkv")
 
 ENV_VAR = "SGLANG_EXT_SPLITKV_VERIFY"
 TARGET = "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.__init__"

@@ -1,11 +1,11 @@
 """Acceptance accounting: accept length, rates, per-position counts, the per-request record.
 
 Pure arithmetic on the integers SGLang already keeps per request; imports neither SGLang nor
-anything else of the package (the hook in :mod:`sglang_ext.metrics` feeds it).
+anything else of the package (the hook in :mod:`sglang_ext.metrics.hook` feeds it).
 
 The log line is the fixed prefix ``sglang_ext.acceptance`` followed by one compact JSON object
 (:func:`format_log_line` / :func:`parse_log_line`); :func:`meta_info_extras` are the keys the
-hook in :mod:`sglang_ext.metrics` adds to a response's ``meta_info``.
+hook in :mod:`sglang_ext.metrics.hook` adds to a response's ``meta_info``.
 
 Definitions (pure functions below, unit-tested)
 ------------------------------------------------

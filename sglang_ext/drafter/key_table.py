@@ -16,7 +16,10 @@ from typing import Literal
 #
 # One rule per line: a regex over checkpoint names, the model parameter it fills (with the
 # stacked shard id SGLang's weight loaders take), and for which formats it applies. Layers are
-# numbered with {n}; the function expands `first`/`rest` for layer 0 and layers >= 1.
+# numbered with {n}; the function expands `first`/`rest` for layer 0 and layers >= 1. `stock`
+# is the checkpoint name stock SGLang's llama drafter reads the tensor under (SAME: unchanged;
+# None: stock has no such parameter), which `sglang-ext convert` writes.
+SAME = "same"
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,7 @@ class KeyRule:
     layers: Literal["any", "first", "rest"] = "any"
     formats: tuple[str, ...] = ("speculators", "sglang")
     note: str = ""
+    stock: str | None = SAME  # the name stock SGLang reads it under; None: it has none
 
 
 KEY_TABLE: tuple[KeyRule, ...] = (
@@ -46,17 +50,15 @@ KEY_TABLE: tuple[KeyRule, ...] = (
         "layers.{n}.self_attn.v_proj.weight", "model.layers.{n}.self_attn.qkv_proj.weight", "v"
     ),
     KeyRule("layers.{n}.self_attn.o_proj.weight", "model.layers.{n}.self_attn.o_proj.weight"),
-    KeyRule(
-        "layers.{n}.self_attn.q_norm.weight",
-        "model.layers.{n}.self_attn.q_norm.weight",
-        formats=("speculators",),
-        note="qwen3 draft layers",
-    ),
-    KeyRule(
-        "layers.{n}.self_attn.k_norm.weight",
-        "model.layers.{n}.self_attn.k_norm.weight",
-        formats=("speculators",),
-        note="qwen3 draft layers",
+    *(
+        KeyRule(
+            f"layers.{{n}}.self_attn.{norm}.weight",
+            f"model.layers.{{n}}.self_attn.{norm}.weight",
+            formats=("speculators",),
+            note="qwen3 draft layers",
+            stock=None,  # stock SGLang's llama layers have no q_norm/k_norm
+        )
+        for norm in ("q_norm", "k_norm")
     ),
     KeyRule("layers.{n}.mlp.gate_proj.weight", "model.layers.{n}.mlp.gate_up_proj.weight", 0),
     KeyRule("layers.{n}.mlp.up_proj.weight", "model.layers.{n}.mlp.gate_up_proj.weight", 1),
@@ -86,6 +88,7 @@ KEY_TABLE: tuple[KeyRule, ...] = (
         layers="rest",
         formats=("speculators",),
         note="speculators layers >= 1 normalise with input_layernorm; SGLang names it hidden_norm",
+        stock="layers.{n}.hidden_norm.weight",
     ),
     KeyRule(
         "layers.{n}.hidden_norm.weight", "model.layers.{n}.hidden_norm.weight", formats=("sglang",)
@@ -188,3 +191,16 @@ def route(
                 continue
         return rule.param.replace("{n}", n) if n is not None else rule.param, rule.shard, rule
     return None
+
+
+def stock_checkpoint_name(name: str, fmt: str = "speculators") -> str | None:
+    """The name a checkpoint tensor takes for stock SGLang's llama drafter (the key table's
+    ``stock`` column; a name no rule routes is kept), or None where stock has no parameter."""
+    routed = route(name, fmt)
+    if routed is None or routed[2].stock == SAME:
+        return name
+    rule = routed[2]
+    if rule.stock is None:
+        return None
+    n = _compile(rule).match(canonical_checkpoint_name(name, fmt)).groupdict().get("n")
+    return rule.stock.replace("{n}", n) if n is not None else rule.stock

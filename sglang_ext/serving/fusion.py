@@ -22,16 +22,17 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from sglang_ext.aux_capture import (
+from sglang_ext.compat import sglang_version, version_tuple
+from sglang_ext.drafter.aux_capture import (
     TargetInfo,
     check_capture,
     class_captures_final_state,
-    installed_sglang_version,
 )
-from sglang_ext.config_fields import DrafterConfigError
-from sglang_ext.drafter_spec import DrafterSpec
+from sglang_ext.drafter.config_fields import DrafterConfigError
+from sglang_ext.drafter.drafter_spec import DrafterSpec
 
-logger = logging.getLogger(__name__)
+# The name it had before the move to serving/: logging configurations name it.
+logger = logging.getLogger("sglang_ext.fusion")
 
 LIKELY_CAUSES = (
     "the target is not capturing the auxiliary hidden states this EAGLE-3 drafter was trained "
@@ -162,7 +163,7 @@ def target_info_from_model(model) -> TargetInfo:
         num_hidden_layers=int(text.num_hidden_layers),
         hidden_size=int(text.hidden_size),
         vocab_size=int(text.vocab_size),
-        captures_final_state=class_captures_final_state(names, installed_sglang_version()),
+        captures_final_state=class_captures_final_state(names, version_tuple(sglang_version())),
     )
 
 
@@ -277,7 +278,7 @@ def apply_capture(model, plan: CapturePlan) -> list[int]:
             f"keeps layers_to_capture and capture_aux_hidden_states (looked at "
             f"{', '.join('model.' + p for p, _ in CAPTURE_SLOTS)}), so the capture of "
             f"{wanted} cannot be set or verified before serving. Refusing an unverified "
-            "capture; sglang_ext.fusion.CAPTURE_SLOTS needs this class's layout."
+            "capture; sglang_ext.serving.fusion.CAPTURE_SLOTS needs this class's layout."
         )
     if plan.captured_layers is not None:
         slot.set(plan.captured_layers)

@@ -1,11 +1,11 @@
 """A drafter's weight files on disk: safetensors headers read and validated, pickles read safely.
 
 A directory without safetensors is read from its pickle files the way SGLang reads them
-(``sglang_ext.pickle_weights``: torch.load with weights_only=True, which runs nothing from the
-checkpoint; a file that loader refuses is refused with its reason). Safetensors headers are read
-without loading a tensor and checked the way safetensors checks them (size limit, well-formed
-entries, tensors tiling the data buffer, no truncation or trailing bytes), so ``sglang-ext
-doctor`` and the server's startup see the same tensor names, shapes and dtypes.
+(``sglang_ext.drafter.pickle_weights``: torch.load with weights_only=True, which runs nothing
+from the checkpoint; a file that loader refuses is refused with its reason). Safetensors
+headers are read without loading a tensor and checked the way safetensors checks them (size
+limit, well-formed entries, tensors tiling the data buffer, no truncation or trailing bytes), so
+``sglang-ext doctor`` and the server's startup see the same tensor names, shapes and dtypes.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from sglang_ext.pickle_weights import (
+from sglang_ext.drafter.pickle_weights import (
     OTHER_PICKLE_SUFFIXES,
     UnsafePickleError,
     load_state_dict,

@@ -9,7 +9,7 @@ functions ``async_request_sglang_generate`` (native ``/generate``, ``--api gener
 ``spec_accept_length`` per request; this module keeps the whole response (see
 ``_TeeSession``) and reads from it:
 
-- ``/generate`` ``meta_info``: the ``spec_*`` keys added by ``sglang_ext.metrics`` when the
+- ``/generate`` ``meta_info``: the ``spec_*`` keys added by ``sglang_ext.metrics.hook`` when the
   plugin is loaded, else SGLang's own (``spec_verify_ct``, ``spec_num_correct_drafts`` /
   ``spec_accepted_drafts``, ``spec_num_proposed_drafts`` / ``spec_proposed_drafts``,
   ``spec_accept_length``, ``spec_correct_drafts_histogram`` / ``spec_accept_histogram``);
@@ -42,10 +42,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from sglang_ext import exit_codes
-from sglang_ext.bench_report import REPORT_SCHEMA as REPORT_SCHEMA
-from sglang_ext.bench_report import Acceptance as Acceptance
-from sglang_ext.bench_report import (
+from sglang_ext.cli import exit_codes
+from sglang_ext.cli.bench_report import (
     RequestResult,
     _result_json,
     acceptance_warnings,
@@ -60,8 +58,6 @@ from sglang_ext.bench_report import (
     summarize,
     write_plot,
 )
-from sglang_ext.bench_report import extract_acceptance as extract_acceptance
-from sglang_ext.bench_report import per_position_from_histogram as per_position_from_histogram
 
 DEFAULT_URL = "http://127.0.0.1:30000"
 SERVER_INFO_KEYS = (
@@ -128,7 +124,7 @@ def load_prompts(path: str | None) -> tuple[list[Prompt], str]:
         except OSError as e:
             raise BenchError(f"cannot read prompt file {path}: {e.strerror or e}") from None
         return parse_prompt_lines(text.splitlines(), path), path
-    bundled = Path(__file__).parent / "data" / "heldout_prompts.jsonl"
+    bundled = Path(__file__).parents[1] / "data" / "heldout_prompts.jsonl"  # sglang_ext/data
     lines = bundled.read_text(encoding="utf-8").splitlines()
     return parse_prompt_lines(lines, str(bundled)), "bundled:sglang_ext/data/heldout_prompts.jsonl"
 

@@ -1,8 +1,8 @@
 """`sglang-ext doctor DRAFT [--target TARGET] [--json]`: what SGLang will do with a drafter.
 
 No GPU, no server, no SGLang import: reads config.json as data and safetensors headers, and
-runs the same LoadPlan the server's load_weights runs (``sglang_ext.loading``), the same
-capture planning the startup hook runs (``sglang_ext.aux_capture``), and predicts what
+runs the same LoadPlan the server's load_weights runs (``sglang_ext.drafter.loading``), the same
+capture planning the startup hook runs (``sglang_ext.drafter.aux_capture``), and predicts what
 stock SGLang (no plugin) would do with the same directory.
 
 JSON schema (top-level keys): see README "doctor JSON".
@@ -17,15 +17,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sglang_ext import __version__, architecture_aliases, compat, exit_codes
-from sglang_ext import context_length as ctx
-from sglang_ext.aux_capture import TargetInfo, capture_rule_for, sglang_ids_for_capture
-from sglang_ext.checkpoint_files import DrafterLoadError, read_checkpoint
-from sglang_ext.config_fields import DrafterConfigError, read_json
-from sglang_ext.drafter_spec import DrafterSpec
-from sglang_ext.loading import LoadReport, expected_parameters, plan_from_checkpoint
-from sglang_ext.model_paths import config_path
-from sglang_ext.speculators_format import (
+from sglang_ext import __version__, compat
+from sglang_ext.cli import exit_codes
+from sglang_ext.drafter import architecture_aliases
+from sglang_ext.drafter import context_length as ctx
+from sglang_ext.drafter.aux_capture import TargetInfo, capture_rule_for, sglang_ids_for_capture
+from sglang_ext.drafter.checkpoint_files import DrafterLoadError, read_checkpoint
+from sglang_ext.drafter.config_fields import DrafterConfigError, read_json
+from sglang_ext.drafter.drafter_spec import DrafterSpec
+from sglang_ext.drafter.key_table import SGLANG_LEGACY_PREFIXES
+from sglang_ext.drafter.loading import LoadReport, expected_parameters, plan_from_checkpoint
+from sglang_ext.drafter.model_paths import config_path
+from sglang_ext.drafter.speculators_format import (
     load_drafter_spec,
     served_config_dict,
     sglang_config_dict,
@@ -143,7 +146,8 @@ def diagnose(
 
 def _context_check(diagnosis: Diagnosis, spec: DrafterSpec, target, context_length) -> None:
     """The drafter's context against the one SGLang builds it with (the target's context_len,
-    which --context-length sets): sglang_ext.context_length, which the server's hook follows."""
+    which --context-length sets): sglang_ext.drafter.context_length, which the server's hook
+    follows."""
     try:
         drafter_length, field_name = ctx.drafter_context(
             served_config_dict(spec), spec.format == "speculators"
@@ -369,12 +373,8 @@ def stock_load(spec: DrafterSpec, names: list[str]) -> tuple[list[str], list[str
     parameters nothing fills, following its name handling (legacy_name_map, q/k/v and
     gate/up stacking, `name` or `model.name`)."""
     params = expected_parameters(spec)
-    legacy = {
-        "midlayer": "layers.0",
-        "aux_norm_low": "fc_norm.0",
-        "aux_norm_mid": "fc_norm.1",
-        "aux_norm_high": "fc_norm.2",
-    }
+    # stock renames by substring (llama_eagle3.py:load_weights legacy_name_map)
+    legacy = {old.rstrip("."): new.rstrip(".") for old, new in SGLANG_LEGACY_PREFIXES}
     stacked = {
         ".q_proj": ".qkv_proj",
         ".k_proj": ".qkv_proj",

@@ -39,11 +39,10 @@ full and its mean accept rate is below a threshold, one WARNING is logged per ep
 (re-armed once the rolling mean is back at or above the threshold) and the Prometheus
 gauge ``sglang:spec_ext_drafter_unhealthy`` is set to 1.
 
-The arithmetic and the record are in :mod:`sglang_ext.acceptance` (definitions there), the
-alarm in :mod:`sglang_ext.drafter_health`, the Prometheus metrics in
-:mod:`sglang_ext.acceptance_prometheus`. This module is the SGLang side: the hook, the
-per-process recorder, its configuration and the JSONL sink. Every name of those modules
-stays importable from here.
+The arithmetic and the record are in :mod:`sglang_ext.metrics.acceptance` (definitions
+there), the alarm in :mod:`sglang_ext.metrics.drafter_health`, the Prometheus metrics in
+:mod:`sglang_ext.metrics.acceptance_prometheus`; import their names from there. This module is
+the SGLang side: the hook, the per-process recorder, its configuration and the JSONL sink.
 
 Where the numbers come from (no extra work per verify step)
 -----------------------------------------------------------
@@ -88,39 +87,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sglang_ext.acceptance import LOG_PREFIX as LOG_PREFIX
-from sglang_ext.acceptance import RECORD_SCHEMA as RECORD_SCHEMA
-from sglang_ext.acceptance import accept_length as accept_length
-from sglang_ext.acceptance import accept_rate as accept_rate
-from sglang_ext.acceptance import build_record as build_record
-from sglang_ext.acceptance import draft_tokens_per_step as draft_tokens_per_step
-from sglang_ext.acceptance import format_log_line as format_log_line
-from sglang_ext.acceptance import histogram_from_steps as histogram_from_steps
-from sglang_ext.acceptance import meta_info_extras as meta_info_extras
-from sglang_ext.acceptance import parse_log_line as parse_log_line
-from sglang_ext.acceptance import per_position_from_histogram as per_position_from_histogram
-from sglang_ext.acceptance import per_position_from_steps as per_position_from_steps
-from sglang_ext.acceptance import pooled_per_position as pooled_per_position
-from sglang_ext.acceptance import proposed_draft_tokens as proposed_draft_tokens
-from sglang_ext.acceptance import rates as rates
-from sglang_ext.acceptance import sglang_accept_length as sglang_accept_length
-from sglang_ext.acceptance import sglang_aggregate as sglang_aggregate
-from sglang_ext.acceptance_prometheus import ACCEPT_LENGTH_BUCKETS as ACCEPT_LENGTH_BUCKETS
-from sglang_ext.acceptance_prometheus import ACCEPT_RATE_BUCKETS as ACCEPT_RATE_BUCKETS
-from sglang_ext.acceptance_prometheus import METRIC_ACCEPT_LENGTH as METRIC_ACCEPT_LENGTH
-from sglang_ext.acceptance_prometheus import METRIC_ACCEPT_RATE as METRIC_ACCEPT_RATE
-from sglang_ext.acceptance_prometheus import METRIC_ACCEPTED as METRIC_ACCEPTED
-from sglang_ext.acceptance_prometheus import METRIC_PROPOSED as METRIC_PROPOSED
-from sglang_ext.acceptance_prometheus import METRIC_ROLLING_RATE as METRIC_ROLLING_RATE
-from sglang_ext.acceptance_prometheus import METRIC_UNHEALTHY as METRIC_UNHEALTHY
-from sglang_ext.acceptance_prometheus import AcceptanceMetrics as AcceptanceMetrics
-from sglang_ext.drafter_health import DEFAULT_ALARM_ACCEPT_RATE as DEFAULT_ALARM_ACCEPT_RATE
-from sglang_ext.drafter_health import DEFAULT_ALARM_MIN_TOKENS as DEFAULT_ALARM_MIN_TOKENS
-from sglang_ext.drafter_health import DEFAULT_ALARM_WINDOW as DEFAULT_ALARM_WINDOW
-from sglang_ext.drafter_health import LIKELY_CAUSES as LIKELY_CAUSES
-from sglang_ext.drafter_health import AlarmEvent as AlarmEvent
-from sglang_ext.drafter_health import DrafterHealthAlarm as DrafterHealthAlarm
-from sglang_ext.drafter_health import alarm_warning_message as alarm_warning_message
+from sglang_ext import compat
+from sglang_ext.metrics.acceptance import build_record, format_log_line, meta_info_extras
+from sglang_ext.metrics.acceptance_prometheus import AcceptanceMetrics
+from sglang_ext.metrics.drafter_health import (
+    DEFAULT_ALARM_ACCEPT_RATE,
+    DEFAULT_ALARM_MIN_TOKENS,
+    DEFAULT_ALARM_WINDOW,
+    AlarmEvent,
+    DrafterHealthAlarm,
+    alarm_warning_message,
+)
 
 LOGGER_NAME = "sglang.srt.sglang_ext.acceptance"
 
@@ -481,15 +458,6 @@ def after_calculate_spec_decoding_metrics(
     return None
 
 
-def _sglang_version() -> str:
-    try:
-        import sglang
-
-        return str(getattr(sglang, "__version__", "unknown"))
-    except Exception:
-        return "unknown"
-
-
 def hook_specs() -> list[tuple[str, str, Any]]:
     """(dotted target, hook type name, hook function) for every hook install() adds."""
     return [(CALC_SPEC_METRICS_TARGET, "AFTER", after_calculate_spec_decoding_metrics)]
@@ -520,9 +488,10 @@ def install() -> list[str]:
         try:
             pkgutil.resolve_name(target)
         except (ImportError, AttributeError, ValueError) as e:
+            installed = compat.sglang_version() or "unknown"
             raise RuntimeError(
                 f"sglang_ext.metrics: hook target {target!r} does not exist in the installed "
-                f"SGLang {_sglang_version()} ({type(e).__name__}: {e}). This plugin supports "
+                f"SGLang {installed} ({type(e).__name__}: {e}). This plugin supports "
                 f"SGLang 0.5.17-0.5.23; per-request acceptance metrics cannot be installed."
             ) from e
 

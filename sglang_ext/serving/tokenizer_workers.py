@@ -1,6 +1,6 @@
 """The plugin in SGLang's tokenizer worker processes (``--tokenizer-worker-num N > 1``).
 
-The acceptance metrics are hooks on the TokenizerManager (``sglang_ext.metrics``). With N > 1
+The acceptance metrics are hooks on the TokenizerManager (``sglang_ext.metrics.hook``). With N > 1
 SGLang's launcher does not build a TokenizerManager itself: uvicorn or Granian start N worker
 processes, fresh interpreters that import the HTTP app by its path, and each builds its own
 (``http_server.py:_setup_and_run_http_server``, ``lifespan`` -> ``init_multi_tokenizer``).
@@ -23,7 +23,8 @@ from __future__ import annotations
 import logging
 import os
 
-logger = logging.getLogger(__name__)
+# The name it had before the move to serving/: logging configurations name it.
+logger = logging.getLogger("sglang_ext.tokenizer_workers")
 
 APP_PATH_ENV = "SGLANG_HTTP_SERVER_APP_PATH"
 SGLANG_APP = "sglang.srt.entrypoints.http_server:app"

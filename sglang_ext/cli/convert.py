@@ -1,7 +1,7 @@
 """`sglang-ext convert SRC DST`: speculators drafter -> SGLang-native EAGLE-3 layout.
 
 For users who cannot install the plugin. Stock SGLang cannot express some of speculators' math
-(``sglang_ext.doctor.math_stock_lacks``): conversion refuses such a drafter unless ``--force``,
+(``sglang_ext.cli.doctor.math_stock_lacks``): conversion refuses such a drafter unless ``--force``,
 and then writes down what will differ. With the plugin installed, convert nothing: point
 ``--speculative-draft-model-path`` at the speculators directory.
 
@@ -19,19 +19,19 @@ import shutil
 import uuid
 from pathlib import Path
 
-from sglang_ext import exit_codes
-from sglang_ext.aux_capture import TargetInfo, capture_rule_for, sglang_ids_for_capture
-from sglang_ext.checkpoint_files import (
+from sglang_ext.cli import exit_codes
+from sglang_ext.cli.doctor import math_stock_lacks
+from sglang_ext.drafter.aux_capture import TargetInfo, capture_rule_for, sglang_ids_for_capture
+from sglang_ext.drafter.checkpoint_files import (
     DrafterLoadError,
     read_checkpoint,
     read_pickle,
     weight_files,
 )
-from sglang_ext.config_fields import DrafterConfigError
-from sglang_ext.doctor import math_stock_lacks
-from sglang_ext.key_table import route
-from sglang_ext.loading import plan_from_checkpoint
-from sglang_ext.speculators_format import _LAYER_KEYS_HIDDEN_FROM_SGLANG, load_drafter_spec
+from sglang_ext.drafter.config_fields import DrafterConfigError
+from sglang_ext.drafter.key_table import stock_checkpoint_name
+from sglang_ext.drafter.loading import plan_from_checkpoint
+from sglang_ext.drafter.speculators_format import load_drafter_spec, stock_sglang_config_dict
 
 
 class ConversionRefused(exit_codes.Refused):
@@ -39,18 +39,11 @@ class ConversionRefused(exit_codes.Refused):
 
 
 def converted_name(name: str, spec) -> str | None:
-    """The SGLang-format name of a speculators tensor (None: dropped)."""
+    """The SGLang-format name of a speculators tensor (None: dropped): the key table's column
+    of stock SGLang's names."""
     if name == "t2d":
         return None
-    routed = route(name, "speculators")
-    if routed is None:
-        return name
-    param, _, _ = routed
-    if ".q_norm." in param or ".k_norm." in param:
-        return None  # stock SGLang's llama layers have no q_norm/k_norm
-    if param.endswith(".hidden_norm.weight") and name.endswith("input_layernorm.weight"):
-        return name.replace("input_layernorm", "hidden_norm")  # layers >= 1
-    return name
+    return stock_checkpoint_name(name, "speculators")
 
 
 def check_destination(src: Path, dst: Path, overwrite: bool) -> None:
@@ -150,26 +143,7 @@ def convert(
             "be resolved against the target's layer count"
         )
 
-    config = {k: v for k, v in spec.layer_config.items() if k not in _LAYER_KEYS_HIDDEN_FROM_SGLANG}
-    config.update(
-        model_type="llama",
-        architectures=["LlamaForCausalLMEagle3"],
-        draft_vocab_size=spec.draft_vocab_size,
-        tie_word_embeddings=False,
-        head_dim=spec.head_dim,
-        norm_before_fc=spec.norm_before_fc,
-        fc_norm=spec.fc_norm,
-        norm_output=spec.norm_output,
-        eagle_config={
-            "eagle_aux_hidden_state_layer_ids": ids,
-            "use_aux_hidden_state": True,
-            "norm_before_fc": spec.norm_before_fc,
-        },
-    )
-    if spec.target_hidden_size is not None:
-        config["target_hidden_size"] = spec.target_hidden_size
-    if spec.dtype:
-        config["torch_dtype"] = spec.dtype
+    config = stock_sglang_config_dict(spec, ids)
 
     notes = ["# Converted by sglang-ext convert", f"source: {src}", ""]
     if spec.sliding_layers:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from sglang_ext.config_fields import DrafterConfigError
+from sglang_ext.drafter.config_fields import DrafterConfigError
 
 HUB_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 

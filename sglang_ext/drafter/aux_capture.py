@@ -9,18 +9,18 @@ conventions see it. Nothing here imports SGLang or torch.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from sglang_ext.config_fields import (
+from sglang_ext.compat import sglang_version, version_tuple
+from sglang_ext.drafter.config_fields import (
     DrafterConfigError,
     architectures_field,
     read_json,
     require_field,
 )
-from sglang_ext.model_paths import config_path
+from sglang_ext.drafter.model_paths import config_path
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class TargetInfo:
             num_hidden_layers=require_field(text, "num_hidden_layers", int, where),
             hidden_size=require_field(text, "hidden_size", int, where),
             vocab_size=require_field(text, "vocab_size", int, where),
-            captures_final_state=class_captures_final_state(archs, installed_sglang_version()),
+            captures_final_state=class_captures_final_state(archs, version_tuple(sglang_version())),
         )
 
 
@@ -73,7 +73,7 @@ class TargetInfo:
 #   MistralLarge3), glm4_moe_lite.py:             +1 only when ids[0] == 1, else ids as given
 #   gpt_oss.py:                                   ids as given when max(ids) == L, else +1
 # The server does not rely on these rules: it sets the planned list on the target and reads it
-# back (sglang_ext.fusion.apply_capture). They are kept, as data, for what runs without the
+# back (sglang_ext.serving.fusion.apply_capture). They are kept, as data, for what runs without the
 # target class: doctor's prediction of SGLang-format ids, and convert.
 
 CaptureRule = Literal["plus_one", "plus_one_if_first_is_one", "plus_one_unless_final"]
@@ -117,18 +117,6 @@ def capture_rule_for(model_type: str | None = None, architecture: str | None = N
     if model_type is not None and model_type in CAPTURE_RULE_BY_TARGET_MODEL_TYPE:
         return CAPTURE_RULE_BY_TARGET_MODEL_TYPE[model_type]
     return DEFAULT_CAPTURE_RULE
-
-
-def installed_sglang_version() -> tuple[int, ...] | None:
-    """(major, minor, patch) of the installed SGLang, read from its metadata (no import)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        text = version("sglang")
-    except PackageNotFoundError:
-        return None
-    match = re.match(r"(\d+)\.(\d+)\.(\d+)", text)
-    return tuple(int(part) for part in match.groups()) if match else None
 
 
 def class_captures_final_state(class_names, sglang_version: tuple[int, ...] | None) -> bool:

@@ -7,7 +7,7 @@ happens to it, and at the end names every model parameter that nothing filled. T
 ``load_weights`` and ``sglang-ext doctor`` both drive the same plan, so what doctor predicts is
 what the server does.
 
-Weight files are read by :mod:`sglang_ext.checkpoint_files`: safetensors headers, or pickles
+Weight files are read by :mod:`sglang_ext.drafter.checkpoint_files`: safetensors headers, or pickles
 through PyTorch's weights_only loader, as SGLang reads them. A pickle that loader refuses fails
 the server's get_config hook (speculators directories) or the building of the
 :class:`LoadPlan` (the drafter class's constructor, before SGLang's loader reads any weights),
@@ -24,22 +24,16 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-# The header readers moved to checkpoint_files; tests and scripts still import them from here.
-from sglang_ext.checkpoint_files import (  # noqa: F401
-    MAX_HEADER_BYTES,
+from sglang_ext.drafter.checkpoint_files import (
     DrafterLoadError,
     TensorInfo,
     nonfinite_count,
-    read_checkpoint,
-    read_safetensors_header,
     refuse_unsafe_pickles,
     shard_index,
     tensor_values,
-    torch_dtype_name,
-    weight_files,
 )
-from sglang_ext.drafter_spec import DrafterSpec
-from sglang_ext.key_table import KeyRule, route
+from sglang_ext.drafter.drafter_spec import DrafterSpec
+from sglang_ext.drafter.key_table import KeyRule, route
 
 FLOAT_DTYPES = frozenset({"F32", "F16", "BF16"})
 INTEGER_DTYPES = frozenset({"I64", "I32"})
@@ -291,12 +285,7 @@ def fc_width_reason(spec: DrafterSpec, fc_in: int) -> str:
     layers = (
         f" = {fc_in // width} x {width}" if fc_in % width == 0 else f" (not a multiple of {width})"
     )
-    seed = (
-        ": one layer as wide as the drafter, the width at which stock SGLang skips fc "
-        "without a word and the drafter runs on unfused features (accept length ~1)"
-        if n * width == spec.hidden_size
-        else ""
-    )
+    seed = spec.as_wide_as_the_drafter(n * width)
     return (
         f"fc reads {fc_in}{layers} target features, but the config's aux layer ids "
         f"{list(spec.aux_hidden_state_layer_ids or [])} name {n} layer(s), so the target hands "

@@ -19,8 +19,8 @@ from __future__ import annotations
 import os
 import sys
 
-from sglang_ext.checkpoint_files import DrafterLoadError
-from sglang_ext.config_fields import DrafterConfigError
+from sglang_ext.drafter.checkpoint_files import DrafterLoadError
+from sglang_ext.drafter.config_fields import DrafterConfigError
 
 OK, INPUT_ERROR, USAGE = 0, 1, 2
 

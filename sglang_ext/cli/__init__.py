@@ -1,6 +1,6 @@
 """`sglang-ext`: doctor | convert | bench | demo | self-check.
 
-Exit codes, every command (README "Exit codes", the table in sglang_ext.exit_codes): 0 ok;
+Exit codes, every command (README "Exit codes", the table in sglang_ext.cli.exit_codes): 0 ok;
 1 the drafter or target has errors (doctor/demo verdict ERROR, also when a path named as the
 drafter or target does not exist or cannot be read; an invalid drafter to convert, failed
 benchmark requests or accept length below --min-accept-length, a plugin that does not
@@ -16,7 +16,7 @@ import argparse
 import json
 import sys
 
-from sglang_ext import exit_codes
+from sglang_ext.cli import exit_codes
 
 
 class Parser(argparse.ArgumentParser):
@@ -28,7 +28,7 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str):
         if not self.json_errors:
             super().error(message)
-        from sglang_ext.doctor import failed
+        from sglang_ext.cli.doctor import failed
 
         report = failed(None, None, f"usage: {message} ({self.format_usage().strip()})")
         print(json.dumps(report.to_json(), indent=2))
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(argv: list[str]) -> int:
     if argv[:1] == ["bench"]:
-        from sglang_ext import bench
+        from sglang_ext.cli import bench
 
         return bench.main(argv[1:])
     json_errors = argv[:1] == ["doctor"] and "--json" in argv
@@ -108,15 +108,15 @@ def run(argv: list[str]) -> int:
     except SystemExit as exc:  # argparse: usage errors (2) and --help (0)
         return exc.code if isinstance(exc.code, int) else exit_codes.USAGE
     if args.command == "doctor":
-        from sglang_ext import doctor
+        from sglang_ext.cli import doctor
 
         return doctor.main(args)
     if args.command == "convert":
-        from sglang_ext import convert
+        from sglang_ext.cli import convert
 
         return convert.main(args)
     if args.command == "demo":
-        from sglang_ext import demo
+        from sglang_ext.cli import demo
 
         return demo.main(args)
     if args.command == "self-check":
@@ -132,6 +132,3 @@ def run(argv: list[str]) -> int:
         return exit_codes.OK
     return exit_codes.USAGE
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -2,7 +2,7 @@
 request, pooled per-position acceptance, the baseline comparison, printing, JSON report, plot.
 
 Pure functions over parsed responses (no network); ``bench.py`` sends the requests.
-Acceptance keys read: the ``spec_*`` keys added by ``sglang_ext.metrics`` when the plugin is
+Acceptance keys read: the ``spec_*`` keys added by ``sglang_ext.metrics.hook`` when the plugin is
 loaded, else SGLang's own (0.5.17 and 0.5.23: ``spec_verify_ct``, ``spec_num_correct_drafts``
 / ``spec_accepted_drafts``, ``spec_num_proposed_drafts`` / ``spec_proposed_drafts``,
 ``spec_accept_length``, ``spec_accept_rate``, ``spec_correct_drafts_histogram`` /
@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from sglang_ext.acceptance import per_position_from_histogram as _per_position
+from sglang_ext.metrics.acceptance import per_position_from_histogram as _per_position
 
 REPORT_SCHEMA = "sglang_ext.bench/1"
 # Below these, speculation is not paying for itself / the drafter is broken.
@@ -39,7 +39,7 @@ def per_position_from_histogram(
     histogram: Sequence[int], num_positions: int | None = None
 ) -> tuple[list[int], list[int]]:
     """accepted_i = steps that accepted more than i drafts; proposed_i = all steps
-    (``sglang_ext.acceptance``' definition)."""
+    (``sglang_ext.metrics.acceptance``' definition)."""
     return _per_position(histogram, num_positions or 0)
 
 

@@ -4,7 +4,7 @@ speculators (0.9.0, ``speculators/models/eagle3/config.py:Eagle3SpeculatorConfig
 drafter as a ``config.json`` with ``speculators_model_type: "eagle3"`` and no ``model_type``,
 a nested ``transformer_layer_config`` and options SGLang has no name for. This module detects
 and reads such a directory (or an SGLang-format EAGLE-3 directory) into one typed, validated
-object, :class:`~sglang_ext.drafter_spec.DrafterSpec`, once, translates it into the config
+object, :class:`~sglang_ext.drafter.drafter_spec.DrafterSpec`, once, translates it into the config
 SGLang sees, and reads it back from that config in the drafter class. (vLLM splits its
 speculators support the same way: detect + read, then one updater per algorithm.)
 
@@ -12,9 +12,10 @@ Nothing here imports SGLang or torch, so ``sglang-ext doctor`` runs anywhere. Co
 parsed as JSON data: the ``config.py`` that speculators writes beside ``config.json`` (with
 ``auto_map``) is never imported.
 
-The typed object lives in :mod:`sglang_ext.drafter_spec`, the aux-layer capture conventions in
-:mod:`sglang_ext.aux_capture`, the checkpoint-key tables in :mod:`sglang_ext.key_table`, and
-locating a model (directory, config.json, Hub id) in :mod:`sglang_ext.model_paths`.
+The typed object lives in :mod:`sglang_ext.drafter.drafter_spec`, the aux-layer capture
+conventions in :mod:`sglang_ext.drafter.aux_capture`, the checkpoint-key tables in
+:mod:`sglang_ext.drafter.key_table`, and locating a model (directory, config.json, Hub id) in
+:mod:`sglang_ext.drafter.model_paths`.
 """
 
 from __future__ import annotations
@@ -24,17 +25,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-# Moved to aux_capture and key_table; tests and scripts still import them from here.
-from sglang_ext import architecture_aliases
-from sglang_ext.aux_capture import (  # noqa: F401
-    TargetInfo,
-    capture_rule_for,
-    captured_layers_from_sglang_ids,
-    check_capture,
-    sglang_default_capture,
-    sglang_ids_for_capture,
-)
-from sglang_ext.config_fields import (
+from sglang_ext.drafter import architecture_aliases
+from sglang_ext.drafter.config_fields import (
     DrafterConfigError,
     architectures_field,
     flag_field,
@@ -42,9 +34,8 @@ from sglang_ext.config_fields import (
     read_json,
     require_field,
 )
-from sglang_ext.drafter_spec import DrafterSpec, MLAGeometry
-from sglang_ext.key_table import route  # noqa: F401
-from sglang_ext.model_paths import config_path, is_hub_id, model_dir
+from sglang_ext.drafter.drafter_spec import DrafterSpec, MLAGeometry
+from sglang_ext.drafter.model_paths import config_path, is_hub_id, model_dir
 
 SPECULATORS_ARCHITECTURES = ("Eagle3DraftModel", "Eagle3Speculator")
 SGLANG_EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3DeepseekV2ForCausalLM")
@@ -340,11 +331,34 @@ def sglang_config_dict(spec: DrafterSpec) -> dict[str, Any]:
     """
     if spec.format != "speculators":
         raise ValueError("sglang_config_dict translates speculators drafters only")
+    ids = list(spec.aux_hidden_state_layer_ids) if spec.aux_hidden_state_layer_ids else None
+    config = _flat_config(
+        spec,
+        spec.architecture,
+        {"eagle_aux_hidden_state_layer_ids": ids, "aux_id_convention": "speculators"},
+        num_aux_hidden_states=spec.num_aux_hidden_states,
+    )
+    config[SPEC_ATTRIBUTE] = spec.to_json()
+    return config
+
+
+def stock_sglang_config_dict(spec: DrafterSpec, sglang_ids: list[int]) -> dict[str, Any]:
+    """The config.json of a speculators drafter converted for stock SGLang (``sglang-ext
+    convert``): the same translation, aux ids already in SGLang's convention (``sglang_ids``)
+    and nothing only the plugin reads."""
+    return _flat_config(
+        spec, "LlamaForCausalLMEagle3", {"eagle_aux_hidden_state_layer_ids": sglang_ids}
+    )
+
+
+def _flat_config(spec: DrafterSpec, architecture: str, eagle: dict, **extra) -> dict[str, Any]:
+    """Layer geometry from transformer_layer_config, speculators' top-level options under the
+    names SGLang reads, and ``eagle_config`` (``eagle`` plus the two flags SGLang reads)."""
     config = {k: v for k, v in spec.layer_config.items() if k not in _LAYER_KEYS_HIDDEN_FROM_SGLANG}
     config.update(
         model_type="llama",
-        architectures=[spec.architecture],
-        num_aux_hidden_states=spec.num_aux_hidden_states,
+        architectures=[architecture],
+        **extra,
         draft_vocab_size=spec.draft_vocab_size,
         norm_before_fc=spec.norm_before_fc,
         fc_norm=spec.fc_norm,
@@ -352,19 +366,13 @@ def sglang_config_dict(spec: DrafterSpec) -> dict[str, Any]:
         tie_word_embeddings=False,
         head_dim=spec.head_dim,
         eagle_config={
-            "use_aux_hidden_state": True,
-            "norm_before_fc": spec.norm_before_fc,
-            "eagle_aux_hidden_state_layer_ids": (
-                list(spec.aux_hidden_state_layer_ids) if spec.aux_hidden_state_layer_ids else None
-            ),
-            "aux_id_convention": "speculators",
+            "use_aux_hidden_state": True, "norm_before_fc": spec.norm_before_fc, **eagle
         },
     )
     if spec.target_hidden_size is not None:
         config["target_hidden_size"] = spec.target_hidden_size
     if spec.dtype is not None:
         config["torch_dtype"] = spec.dtype
-    config[SPEC_ATTRIBUTE] = spec.to_json()
     return config
 
 
@@ -397,12 +405,4 @@ def drafter_spec_for(config) -> DrafterSpec:
 def spec_from_hf_config(config) -> DrafterSpec | None:
     """The DrafterSpec our translation attached to an SGLang-side config, if any."""
     data = getattr(config, SPEC_ATTRIBUTE, None)
-    if not data:
-        return None
-    data = dict(data)
-    for key in ("aux_hidden_state_layer_ids", "layer_types"):
-        if data.get(key) is not None:
-            data[key] = tuple(data[key])
-    if data.get("mla") is not None:
-        data["mla"] = MLAGeometry(**data["mla"])
-    return DrafterSpec(**data)
+    return DrafterSpec.from_json(data) if data else None

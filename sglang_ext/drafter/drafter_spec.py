@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from sglang_ext.aux_capture import (
+from sglang_ext.drafter.aux_capture import (
     FINAL_STATE_CAPTURE_SINCE,
     TargetInfo,
     capture_rule_for,
@@ -20,7 +20,7 @@ from sglang_ext.aux_capture import (
     check_capture,
     sglang_default_capture,
 )
-from sglang_ext.config_fields import require_field
+from sglang_ext.drafter.config_fields import require_field
 
 
 @dataclass(frozen=True)
@@ -153,12 +153,7 @@ class DrafterSpec:
         )
         handed = len(set(captured)) * target.hidden_size
         if problems and handed != self.expected_target_feature_width:
-            seed = (
-                ": one layer as wide as the drafter, where stock SGLang skips fc without a "
-                "word and the drafter runs on unfused features (accept length ~1)"
-                if handed == self.hidden_size
-                else ""
-            )
+            seed = self.as_wide_as_the_drafter(handed)
             problems.append(
                 f"widths: the target would hand over {handed} features ({len(set(captured))} x "
                 f"{target.hidden_size}){seed}, but fc reads {self.num_aux_hidden_states} x "
@@ -178,14 +173,19 @@ class DrafterSpec:
             )
         return problems
 
-    def no_capture_problem(self, target_hidden_size: int) -> str:
-        """eagle_config.use_aux_hidden_state false: the seed's failure, as a sentence."""
-        seed = (
+    def as_wide_as_the_drafter(self, handed: int) -> str:
+        """The seed's failure, said where the target hands over ``handed`` features as wide as
+        the drafter (stock SGLang's test for fusing); "" for any other width."""
+        if handed != self.hidden_size:
+            return ""
+        return (
             ": one layer as wide as the drafter, where stock SGLang skips fc without a word "
             "and the drafter runs on unfused features (accept length ~1)"
-            if target_hidden_size == self.hidden_size
-            else ""
         )
+
+    def no_capture_problem(self, target_hidden_size: int) -> str:
+        """eagle_config.use_aux_hidden_state false: the seed's failure, as a sentence."""
+        seed = self.as_wide_as_the_drafter(target_hidden_size)
         return (
             "eagle_config.use_aux_hidden_state is false: the target captures nothing and hands "
             f"over its final hidden state, {target_hidden_size} wide{seed}, but fc reads "
@@ -211,6 +211,19 @@ class DrafterSpec:
         return problems
 
     def to_json(self) -> dict[str, Any]:
+        """The spec as JSON data (what the translation attaches to SGLang's config and doctor
+        prints), without the raw layer config; :meth:`from_json` reads it back."""
         data = asdict(self)
         data.pop("layer_config")
         return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> DrafterSpec:
+        """The inverse of :meth:`to_json` (tuples and the MLA geometry restored)."""
+        data = dict(data)
+        for key in ("aux_hidden_state_layer_ids", "layer_types"):
+            if data.get(key) is not None:
+                data[key] = tuple(data[key])
+        if data.get("mla") is not None:
+            data["mla"] = MLAGeometry(**data["mla"])
+        return cls(**data)
