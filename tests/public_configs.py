@@ -170,13 +170,22 @@ def sglang_checkpoint(config: dict, generator: torch.Generator) -> dict[str, tor
     return tensors
 
 
-def write_sglang_drafter(config: dict, directory: Path, seed: int = 0) -> Path:
+def write_sglang_drafter(
+    config: dict, directory: Path, seed: int = 0, weights: str = "model.safetensors"
+) -> Path:
+    """``weights``: the published file; "pytorch_model.bin" (the original EAGLE-3 releases)
+    is written with torch.save, a plain state dict that PyTorch's weights_only loader reads."""
     from safetensors.torch import save_file
 
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps(config, indent=2))
     tensors = sglang_checkpoint(config, torch.Generator().manual_seed(seed))
-    save_file(tensors, str(directory / "model.safetensors"))
+    if weights == "pytorch_model.bin":
+        torch.save(tensors, directory / weights)
+    elif weights == "model.safetensors":
+        save_file(tensors, str(directory / weights))
+    else:
+        raise ValueError(f"corpus weights file {weights!r}: model.safetensors or pytorch_model.bin")
     return directory
 
 
@@ -217,10 +226,14 @@ def build(name: str, root: Path) -> tuple[Path, Path, dict]:
         json.loads((CORPUS / entry["target"]).read_text()), target=True
     )
     target = write_target_config(target_config, root / f"{name}-target")
-    writer = write_speculators_drafter if entry["format"] == "speculators" else (
-        write_sglang_drafter
-    )
-    drafter = writer(drafter_config, root / f"{name}-drafter")
+    if entry["format"] == "speculators":
+        drafter = write_speculators_drafter(drafter_config, root / f"{name}-drafter")
+    else:
+        drafter = write_sglang_drafter(
+            drafter_config,
+            root / f"{name}-drafter",
+            weights=entry.get("weights", "model.safetensors"),
+        )
     return drafter, target, entry
 
 

@@ -80,3 +80,12 @@ def test_gpu_module_collects_one_test_per_corpus_entry():
     names = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
     assert {"public", "test_doctor_verdict_equals_startup_and_requests_succeed"} <= names
     assert 'RESULTS["public_configs"]' in source
+
+
+def test_a_pickle_only_release_is_built_as_published(tmp_path):
+    """The original EAGLE-3 Llama-3.1 release ships pytorch_model.bin only: the corpus entry
+    is built that way, and doctor reads it as the server will (weights_only loader)."""
+    drafter, target, entry = build("yuhuili_llama31_8b_bin", tmp_path)
+    assert entry["weights"] == "pytorch_model.bin"
+    assert sorted(p.name for p in drafter.iterdir()) == ["config.json", "pytorch_model.bin"]
+    assert doctor.diagnose(drafter, target).verdict == "OK"
