@@ -241,6 +241,28 @@ def test_sglang_format_ids_follow_the_targets_own_rule(targets, serve, tmp_path)
     assert diagnose(draft, config).aux_layers["captured_layers"] == [3, 5, 6]
 
 
+def test_one_capture_rule_for_doctor_convert_and_the_spec(speculators_drafter, tmp_path):
+    """The target's capture rule is resolved once, on TargetInfo (architecture first, then
+    model_type): doctor's SGLang ids and convert's come from that rule, not from a second
+    lookup by model_type alone, which gave llama's +1 rule to a DeepSeek-family class whose
+    model_type is not in the table (here MistralLarge3 with an unlisted model_type)."""
+    from sglang_ext.cli.convert import convert
+    from sglang_ext.cli.doctor import diagnose
+    from sglang_ext.drafter.aux_capture import TargetInfo
+
+    draft = speculators_drafter((3, 5, 6), 8)
+    config = target_config(tmp_path / "t", "MistralLarge3ForCausalLM", 8, "mistral_large_3_text")
+    assert TargetInfo.from_path(config).capture_rule == "plus_one_if_first_is_one"
+    aux = diagnose(draft, config).aux_layers
+    assert aux["capture_rule"] == "plus_one_if_first_is_one"
+    # deepseek_v2's rule keeps ids not starting with 1 as given: [3, 5, 6], not [2, 4, 5]
+    assert aux["captured_layers"] == [3, 5, 6] and aux["sglang_ids"] == [3, 5, 6]
+    convert(draft, tmp_path / "converted", target=config, force=True)
+    written = json.loads((tmp_path / "converted" / "config.json").read_text())
+    ids = written.get("eagle_config", {}).get("eagle_aux_hidden_state_layer_ids")
+    assert ids == [3, 5, 6], written
+
+
 @pytest.mark.parametrize("architecture", sorted(set(TARGETS) - {"Qwen3MoeForCausalLM"}))
 def test_doctors_id_rules_are_the_classes_own(targets, architecture):
     """doctor (no SGLang import) predicts SGLang-format ids with a rule table; each rule against

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from sglang_ext.cli import exit_codes
 from sglang_ext.cli.doctor import math_stock_lacks
-from sglang_ext.drafter.aux_capture import TargetInfo, capture_rule_for, sglang_ids_for_capture
+from sglang_ext.drafter.aux_capture import TargetInfo, sglang_ids_for_capture
 from sglang_ext.drafter.checkpoint_files import (
     DrafterLoadError,
     read_checkpoint,
@@ -127,9 +127,7 @@ def convert(
         problems = spec.target_problems(info)
         if problems:
             raise DrafterConfigError("; ".join(problems))
-        ids = sglang_ids_for_capture(
-            spec.captured_layers(info), capture_rule_for(model_type=info.model_type)
-        )
+        ids = info.sglang_ids_for(spec.captured_layers(info))
     elif spec.aux_hidden_state_layer_ids:
         # Without a target, assume SGLang's llama/qwen rule (layers_to_capture = id + 1).
         ids = sglang_ids_for_capture(list(spec.aux_hidden_state_layer_ids), "plus_one")

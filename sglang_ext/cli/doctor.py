@@ -21,7 +21,7 @@ from sglang_ext import __version__, compat
 from sglang_ext.cli import exit_codes
 from sglang_ext.drafter import architecture_aliases
 from sglang_ext.drafter import context_length as ctx
-from sglang_ext.drafter.aux_capture import TargetInfo, capture_rule_for, sglang_ids_for_capture
+from sglang_ext.drafter.aux_capture import TargetInfo
 from sglang_ext.drafter.checkpoint_files import DrafterLoadError, read_checkpoint
 from sglang_ext.drafter.config_fields import DrafterConfigError, read_json
 from sglang_ext.drafter.drafter_spec import DrafterSpec
@@ -227,7 +227,7 @@ def _aux_layers(
         )
         diagnosis.aux_layers = info
         return
-    rule = capture_rule_for(model_type=target.model_type)
+    rule = target.capture_rule
     captured = spec.captured_layers(target)
     info.update(
         target_num_layers=target.num_hidden_layers,
@@ -240,7 +240,7 @@ def _aux_layers(
     diagnosis.errors.extend(problems)
     if spec.aux_id_convention == "speculators" and not problems:
         try:
-            info["sglang_ids"] = sglang_ids_for_capture(captured, rule)
+            info["sglang_ids"] = target.sglang_ids_for(captured)
         except DrafterConfigError as exc:
             info["sglang_ids"] = None
             info["capture_set_directly"] = True

@@ -35,6 +35,29 @@ class TargetInfo:
     vocab_size: int
     # Its SGLang class also captures the state after the last decoder layer (boundary L).
     captures_final_state: bool = False
+    # How its SGLang class turns eagle_config ids into captured layers: resolved once, here,
+    # from the architecture and then the model_type (capture_rule_for), so doctor, convert
+    # and the server read the same rule from this object instead of looking it up again.
+    capture_rule: CaptureRule | None = None
+
+    def __post_init__(self) -> None:
+        if self.capture_rule is None:
+            rule = capture_rule_for(model_type=self.model_type, architecture=self.architecture)
+            object.__setattr__(self, "capture_rule", rule)
+
+    def captured_from_sglang_ids(self, ids: list[int] | None) -> list[int]:
+        """The layers this target's class captures for SGLang-format eagle_config ids."""
+        return captured_layers_from_sglang_ids(ids, self.capture_rule, self.num_hidden_layers)
+
+    def sglang_ids_for(self, captured: list[int]) -> list[int]:
+        """eagle_config ids that make this target's class capture ``captured``."""
+        return sglang_ids_for_capture(captured, self.capture_rule)
+
+    def capture_problems(self, captured: list[int], num_aux: int, source: str) -> list[str]:
+        """check_capture against this target's depth and final-state capture."""
+        return check_capture(
+            captured, num_aux, self.num_hidden_layers, source, self.captures_final_state
+        )
 
     @classmethod
     def from_path(cls, path: str | Path) -> TargetInfo:

@@ -15,9 +15,6 @@ from typing import Any, Literal
 from sglang_ext.drafter.aux_capture import (
     FINAL_STATE_CAPTURE_SINCE,
     TargetInfo,
-    capture_rule_for,
-    captured_layers_from_sglang_ids,
-    check_capture,
     sglang_default_capture,
 )
 from sglang_ext.drafter.config_fields import require_field
@@ -137,20 +134,13 @@ class DrafterSpec:
             if ids is None:  # speculators resolves the default against the verifier
                 ids = sglang_default_capture(target.num_hidden_layers)
             return ids
-        rule = capture_rule_for(model_type=target.model_type, architecture=target.architecture)
-        return captured_layers_from_sglang_ids(ids, rule, target.num_hidden_layers)
+        return target.captured_from_sglang_ids(ids)
 
     def capture_problems(self, target: TargetInfo) -> list[str]:
         if not self.use_aux_hidden_state:
             return [self.no_capture_problem(target.hidden_size)]
         captured = self.captured_layers(target)
-        problems = check_capture(
-            captured,
-            self.num_aux_hidden_states,
-            target.num_hidden_layers,
-            "aux layers",
-            final_state=target.captures_final_state,
-        )
+        problems = target.capture_problems(captured, self.num_aux_hidden_states, "aux layers")
         handed = len(set(captured)) * target.hidden_size
         if problems and handed != self.expected_target_feature_width:
             seed = self.as_wide_as_the_drafter(handed)
