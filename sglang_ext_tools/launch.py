@@ -147,6 +147,15 @@ class Server:
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
+    def terminate(self) -> None:
+        """Ask the server's process group to exit (SIGTERM), without waiting."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        try:
+            os.killpg(self.process.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:
             return

@@ -46,6 +46,9 @@ class _FakeServer:
     def alive(self):
         return not self.stopped
 
+    def terminate(self):
+        self.terminated = True
+
     def stop(self):
         self.stopped = True
 
@@ -101,3 +104,24 @@ def test_fixtures_ready_waits_for_the_marker(tmp_path, monkeypatch):
     (tmp_path / "FAILED").touch()
     with pytest.raises(pytest.fail.Exception, match="failed"):
         suite.fixtures_ready(tmp_path, "prompts.jsonl")
+
+
+def test_stop_signals_every_server_before_waiting_for_any():
+    """suite.stop: SIGTERM to every process group first, then the waits, so N servers stop in
+    about the time of one (Server.terminate on real processes)."""
+    import subprocess
+    import time
+
+    from sglang_ext_tools.launch import Server
+
+    servers = [Server(f"s{i}", "m", 0) for i in range(4)]
+    for server in servers:
+        server.process = subprocess.Popen(
+            ["sh", "-c", "trap 'sleep 1; exit 0' TERM; while :; do sleep 0.1; done"],
+            start_new_session=True,
+        )
+    time.sleep(0.3)  # the traps are set
+    start = time.monotonic()
+    suite.stop(servers)
+    assert all(s.process.poll() is not None for s in servers)
+    assert time.monotonic() - start < 3  # in series: >= 4 s (each takes 1 s to exit)

@@ -365,6 +365,11 @@ def launch(servers: list[Server], key: str) -> list[Server]:
 
 
 def stop(servers) -> None:
+    """Stop these servers together: SIGTERM to all first, then wait for each (one at a time,
+    ~20 servers took 46 s to stop on the H200, 2026-12-01)."""
+    servers = list(servers)
+    for server in servers:
+        server.terminate()
     for server in servers:
         server.stop()
 

@@ -359,10 +359,11 @@ def test_seed_case_stock_stalls_plugin_refuses_then_serves_faster(cluster):
         "plugin_guard_status": guard_off.status,
         "plugin_guard_error": _startup_error(guard_off),
     }
-    if stock_off.status == "ready":  # accept length only, not timed: 8 at a time
+    if stock_off.status == "ready":  # accept length only, not timed: 16 x 128, 8 at a time
         off["stock_tau"] = round(
-            served_tau(stock_off.generate_many(prompts, SPEED_TOKENS, concurrency=8)), 4
+            served_tau(stock_off.generate_many(prompts[:16], MLA_NEW_TOKENS, concurrency=8)), 4
         )
+        off["stock_tau_prompts"] = 16
     running = cluster.only(ALONE_KEEP)  # the timed servers, and no other
     servers = {"nospec": nospec, "stock": stock, "plugin": plugin}
     names = list(servers)
