@@ -146,12 +146,21 @@ def _aux_agreement(dump_dir, target_dir, prompts, aux_ids, neighbours: bool = Fa
 
     from sglang_ext_tools import reference as ref
 
-    dumps = [torch.load(p) for p in sorted(dump_dir.glob("aux-*.pt"))]
+    # the target's prefill (input ids = the prompt) or the drafter's extend (prompt[1:] + the
+    # prefill's token); the same aux states either way (tests/gpu/auxdump)
+    dumps = [
+        {**torch.load(p), "source": p.name.split("-")[0]} for p in sorted(dump_dir.glob("*.pt"))
+    ]
+
+    def matches(dump, ids) -> bool:
+        head = dump["input_ids"].tolist()
+        if dump["source"] == "target":
+            return head[: len(ids)] == list(ids)
+        return head[: len(ids) - 1] == list(ids[1:])
+
     for prompt in prompts:
         ids = prompt["input_ids"]
-        match = next(
-            (d for d in dumps if d["input_ids"][: len(ids) - 1].tolist() == ids[1:]), None
-        )
+        match = next((d for d in dumps if matches(d, ids)), None)
         if match is not None:
             break
     else:
@@ -161,6 +170,7 @@ def _aux_agreement(dump_dir, target_dir, prompts, aux_ids, neighbours: bool = Fa
             "dump_dir_exists": dump_dir.is_dir(),
             "dumped": [
                 {
+                    "source": d["source"],
                     "rows": int(d["input_ids"].shape[0]),
                     "first_ids": d["input_ids"][:6].tolist(),
                     "feature_width": int(d["features"].shape[-1]),
@@ -198,6 +208,7 @@ def _aux_agreement(dump_dir, target_dir, prompts, aux_ids, neighbours: bool = Fa
         return {
             "dumps": len(dumps),
             "matched": True,
+            "source": match["source"],
             "prompt": prompt["id"],
             "positions": len(ids),
             "forward_mode": match["forward_mode"],

@@ -8,7 +8,11 @@ With ``SGLANG_EXT_AUX_DUMP=DIR`` set, the first ``SGLANG_EXT_AUX_DUMP_COUNT`` (8
 drafter forwards that fuse the target features of at least ``SGLANG_EXT_AUX_DUMP_MIN_ROWS``
 (16) tokens (the draft extend after a prefill) each write ``DIR/aux-<pid>-<n>.pt``:
 ``input_ids`` and ``positions`` of the drafter batch and ``features``, the concatenated aux
-hidden states before fc, as float32 on CPU.
+hidden states before fc, as float32 on CPU. The drafter's extend may run inside a CUDA graph
+(then its Python forward never runs), so the target side is dumped too: the first
+``SGLANG_EXT_AUX_DUMP_COUNT`` eager target prefills (forward mode EXTEND, at least
+``MIN_ROWS`` tokens) write ``DIR/target-<pid>-<n>.pt`` with the prompt's ``input_ids`` and the
+aux states the target hands to its logits processor (what SGLang passes on to the drafter).
 """
 
 from __future__ import annotations
@@ -50,10 +54,42 @@ def register() -> None:
                         "input_ids": input_ids.detach().cpu(),
                         "positions": positions.detach().cpu(),
                         "features": features.detach().float().cpu(),
-                        "forward_mode": str(forward_batch.forward_mode),
+                        "forward_mode": forward_batch.forward_mode.name,
                     },
                     os.path.join(directory, f"aux-{os.getpid()}-{n}.pt"),
                 )
         return forward(self, input_ids, positions, forward_batch, *args, **kwargs)
 
     model_class.forward = dumping_forward
+
+    from sglang.srt.layers import logits_processor
+
+    processor = logits_processor.LogitsProcessor
+    process = processor.forward
+    target_counter = itertools.count()
+
+    def dumping_process(self, input_ids, hidden_states, lm_head, logits_metadata, *args, **kwargs):
+        aux = kwargs.get("aux_hidden_states", args[0] if args else None)
+        mode = getattr(logits_metadata, "forward_mode", None)
+        if (
+            aux is not None
+            and getattr(mode, "name", None) == "EXTEND"
+            and not torch.cuda.is_current_stream_capturing()
+        ):
+            features = aux if isinstance(aux, torch.Tensor) else torch.cat(list(aux), dim=-1)
+            # the target's aux states are wider than its own hidden state; a drafter's are not
+            if features.shape[0] >= min_rows and features.shape[-1] > hidden_states.shape[-1]:
+                n = next(target_counter)
+                if n < limit:
+                    os.makedirs(directory, exist_ok=True)
+                    torch.save(
+                        {
+                            "input_ids": input_ids.detach().cpu(),
+                            "features": features.detach().float().cpu(),
+                            "forward_mode": mode.name,
+                        },
+                        os.path.join(directory, f"target-{os.getpid()}-{n}.pt"),
+                    )
+        return process(self, input_ids, hidden_states, lm_head, logits_metadata, *args, **kwargs)
+
+    processor.forward = dumping_process
