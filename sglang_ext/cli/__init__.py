@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from sglang_ext.cli import exit_codes
 
@@ -73,6 +74,26 @@ def build_parser(json_errors: bool = False) -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="write a tiny speculators drafter and diagnose it")
     demo.add_argument("--out", help="output directory (default: a new temporary directory)")
 
+    tune = sub.add_parser(
+        "tune",
+        help="which steps/topk/draft tokens to serve: tau from a served run's acceptance "
+        "records over each setting's measured cycle cost",
+    )
+    tune.add_argument(
+        "acceptance",
+        nargs="+",
+        type=Path,
+        help="the plugin's acceptance JSONL (SGLANG_EXT_ACCEPTANCE_JSONL) of served runs",
+    )
+    tune.add_argument(
+        "--costs",
+        type=Path,
+        required=True,
+        help='cycle costs in decode steps: {"settings": [{"steps", "topk", "draft_tokens", '
+        '"cycle_cost"}]} from a zero-acceptance probe',
+    )
+    tune.add_argument("--json", action="store_true", help="machine-readable advice")
+
     sub.add_parser(
         "self-check",
         help="verify the plugin registers with the installed SGLang (JSON: its entry point, "
@@ -119,6 +140,10 @@ def run(argv: list[str]) -> int:
         from sglang_ext.cli import demo
 
         return demo.main(args)
+    if args.command == "tune":
+        from sglang_ext.cli import tune
+
+        return tune.main(args)
     if args.command == "self-check":
         from sglang_ext import plugin
 

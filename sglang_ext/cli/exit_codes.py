@@ -33,12 +33,17 @@ class Refused(UsageError):
     """The command refuses to do what would lose data or fidelity (exit 2)."""
 
 
+class InputError(ValueError):
+    """A file named on the command line that cannot be used as what it should be (exit 1)."""
+
+
 # First match wins: (exception type, exit code, how the message is labelled).
 EXIT_CODES: tuple[tuple[type[BaseException], int, str], ...] = (
     (Refused, USAGE, "refused"),
     (UsageError, USAGE, "error"),
     (DrafterConfigError, INPUT_ERROR, "error"),
     (DrafterLoadError, INPUT_ERROR, "error"),
+    (InputError, INPUT_ERROR, "error"),
     (OSError, USAGE, "error"),  # a file sglang-ext cannot write (disk full, permissions)
 )
 

@@ -1,0 +1,206 @@
+"""`sglang-ext tune`: which speculative setting to serve, predicted from what a served run
+accepted and what each setting's verify cycle costs.
+
+A setting's speedup over no speculation is ``tau / cycle_cost``: tau = tokens per verify
+cycle (accepted drafts + 1), cycle_cost = one cycle's time in decode steps of the target
+without speculation (a zero-acceptance probe measures it: a drafter that is never right,
+so every cycle emits one token, timed against no speculation). tau per setting is
+
+- **measured** where the acceptance records (the plugin's JSONL, one record per finished
+  request) hold that setting;
+- **predicted** for a chain (topk 1, S steps, S + 1 draft tokens) from a served chain's
+  per-position acceptance ``a_j`` = P(draft j accepted): ``tau(S) = 1 + a_1 + ... + a_S``;
+  past the deepest measured position each ``a_j`` is the previous one times the last
+  measured conditional rate ``a_d / a_(d-1)``;
+- **not predicted** for a tree setting without records of it: a chain's records do not say
+  what the extra branches would accept. Serve it once (the plugin records it) and run again.
+
+The recommendation is the setting with the highest speedup among those with a tau.
+Imports nothing of SGLang; reads only the two files it is given.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sglang_ext.cli import exit_codes
+from sglang_ext.metrics.acceptance import pooled_per_position
+
+
+class TuneInputError(exit_codes.InputError):
+    """An acceptance or cost file that cannot be read as one (names file, line, field)."""
+
+
+@dataclass(frozen=True, order=True)
+class Setting:
+    steps: int
+    topk: int
+    draft_tokens: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.steps}/{self.topk}/{self.draft_tokens}"
+
+    @property
+    def is_chain(self) -> bool:
+        return self.topk == 1 and self.draft_tokens == self.steps + 1
+
+
+def _field(row: Mapping[str, Any], name: str, where: str) -> int:
+    value = row.get(name)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise TuneInputError(f"{where}: field {name!r} must be a positive integer, found {value!r}")
+    return value
+
+
+def read_records(paths: Sequence[Path]) -> list[dict[str, Any]]:
+    """The plugin's acceptance records (SGLANG_EXT_ACCEPTANCE_JSONL), from every file."""
+    records = []
+    for path in paths:
+        try:
+            lines = Path(path).read_text().splitlines()
+        except OSError as exc:
+            raise TuneInputError(f"{path}: cannot read it ({exc.strerror or exc})") from exc
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise TuneInputError(f"{path}:{number}: not a JSON record ({exc.msg})") from exc
+            for name in ("verify_steps", "accepted_draft_tokens", "accepted_per_position"):
+                if name not in record:
+                    raise TuneInputError(f"{path}:{number}: record has no {name!r}")
+            records.append(record)
+    if not records:
+        raise TuneInputError(f"{', '.join(map(str, paths))}: no acceptance records")
+    return records
+
+
+def setting_of(record: Mapping[str, Any]) -> Setting:
+    """A record's setting: depth = its per-position entries, draft tokens = per step + 1."""
+    per_step = int(record.get("draft_tokens_per_step") or len(record["accepted_per_position"]))
+    return Setting(len(record["accepted_per_position"]), int(record.get("topk") or 1), per_step + 1)
+
+
+def measured(records: Iterable[Mapping[str, Any]]) -> dict[Setting, dict[str, Any]]:
+    """tau (pooled over requests) and per-position acceptance, per setting in the records."""
+    groups: dict[Setting, list[Mapping[str, Any]]] = {}
+    for record in records:
+        groups.setdefault(setting_of(record), []).append(record)
+    out = {}
+    for setting, rows in groups.items():
+        verify = sum(r["verify_steps"] for r in rows)
+        accepted = sum(r["accepted_draft_tokens"] for r in rows)
+        out[setting] = {
+            "requests": len(rows),
+            "tau": (accepted + verify) / verify if verify else None,
+            "per_position": pooled_per_position(rows),
+        }
+    return out
+
+
+def chain_tau(per_position: Sequence[float | None], steps: int) -> float:
+    """tau of a chain of ``steps`` drafts from cumulative per-position acceptance."""
+    known = [p for p in per_position if p is not None]
+    if not known:
+        raise TuneInputError("the chain records have no per-position acceptance")
+    rates = list(known[:steps])
+    ratio = known[-1] / known[-2] if len(known) >= 2 and known[-2] > 0 else known[-1]
+    while len(rates) < steps:
+        rates.append(rates[-1] * min(ratio, 1.0))
+    return 1.0 + sum(rates)
+
+
+def read_costs(path: Path) -> dict[Setting, float]:
+    """Cycle costs in decode steps from a file: {"settings": [{"steps", "topk",
+    "draft_tokens", "cycle_cost"}, ...]} (other keys, e.g. where they were measured, ignored)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise TuneInputError(f"{path}: cannot read it ({exc.strerror or exc})") from exc
+    except json.JSONDecodeError as exc:
+        raise TuneInputError(f"{path}: not JSON ({exc.msg}, line {exc.lineno})") from exc
+    return read_costs_from(data, str(path))
+
+
+def read_costs_from(data: Any, path: str = "<costs>") -> dict[Setting, float]:
+    rows = data.get("settings") if isinstance(data, dict) else None
+    if not isinstance(rows, list) or not rows:
+        raise TuneInputError(f"{path}: expected a non-empty list under 'settings'")
+    costs = {}
+    for index, row in enumerate(rows):
+        where = f"{path}: settings[{index}]"
+        setting = Setting(*(_field(row, k, where) for k in ("steps", "topk", "draft_tokens")))
+        cost = row.get("cycle_cost")
+        if not isinstance(cost, (int, float)) or isinstance(cost, bool) or cost < 1.0:
+            raise TuneInputError(
+                f"{where}: 'cycle_cost' must be a number >= 1 (decode steps per verify "
+                f"cycle; a cycle cannot cost less than the step it verifies), found {cost!r}"
+            )
+        costs[setting] = float(cost)
+    return costs
+
+
+def advise(found: Mapping[Setting, Mapping[str, Any]], costs: Mapping[Setting, float]) -> dict:
+    """One row per costed setting (tau measured, predicted or None), best first."""
+    chains = [s for s in found if s.is_chain]
+    base = max(chains, key=lambda s: s.steps) if chains else None
+    rows = []
+    for setting, cost in costs.items():
+        if setting in found and found[setting]["tau"] is not None:
+            tau, source = found[setting]["tau"], f"measured ({found[setting]['requests']} requests)"
+        elif setting.is_chain and base is not None:
+            tau = chain_tau(found[base]["per_position"], setting.steps)
+            source = f"predicted from chain {base.label}"
+        else:
+            tau, source = None, "not predicted: serve it once (no records of this tree)"
+        rows.append(
+            {
+                "setting": setting.label,
+                "tau": tau,
+                "cycle_cost": cost,
+                "speedup": tau / cost if tau is not None else None,
+                "eta": 1.0 / cost,
+                "tau_source": source,
+            }
+        )
+    rows.sort(key=lambda r: (r["speedup"] is None, -(r["speedup"] or 0.0), r["setting"]))
+    best = next((r for r in rows if r["speedup"] is not None), None)
+    return {"rows": rows, "recommended": best["setting"] if best else None}
+
+
+def render(advice: Mapping[str, Any]) -> str:
+    lines = [
+        f"{'setting':<10} {'tau':>6} {'cycle':>6} {'speedup':>8} {'eta':>5}  tau from",
+    ]
+    for r in advice["rows"]:
+        tau = f"{r['tau']:.3f}" if r["tau"] is not None else "-"
+        speed = f"{r['speedup']:.2f}x" if r["speedup"] is not None else "-"
+        lines.append(
+            f"{r['setting']:<10} {tau:>6} {r['cycle_cost']:>6.3f} {speed:>8} {r['eta']:>5.2f}  "
+            f"{r['tau_source']}"
+        )
+    best = advice["recommended"]
+    if best is None:
+        lines.append("no setting has a tau: serve a chain with the plugin and pass its records")
+    else:
+        row = next(r for r in advice["rows"] if r["setting"] == best)
+        lines.append(
+            f"recommended: {best} (steps/topk/draft tokens): predicted {row['speedup']:.2f}x = "
+            f"tau {row['tau']:.3f} / cycle cost {row['cycle_cost']:.3f} decode steps"
+        )
+    return "\n".join(lines)
+
+
+def main(args) -> int:
+    try:
+        advice = advise(measured(read_records(args.acceptance)), read_costs(args.costs))
+    except TuneInputError as exc:
+        return exit_codes.fail("tune", exc)
+    exit_codes.emit(json.dumps(advice, indent=2) if args.json else render(advice))
+    return exit_codes.OK

@@ -1,0 +1,102 @@
+"""`sglang-ext tune`: tau per setting (measured, or predicted for chains from per-position
+acceptance) over each setting's cycle cost; the best is recommended."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sglang_ext.cli import main
+from sglang_ext.cli import tune as t
+from sglang_ext.metrics.acceptance import build_record, histogram_from_steps
+
+
+def record(steps_accepted, num_steps=3, topk=1, draft_tokens=4):
+    return build_record(
+        rid="r", prompt_tokens=10, completion_tokens=sum(steps_accepted) + len(steps_accepted),
+        verify_steps=len(steps_accepted), accepted_draft_tokens=sum(steps_accepted),
+        histogram=histogram_from_steps(steps_accepted), num_draft_tokens=draft_tokens,
+        num_steps=num_steps, topk=topk,
+    )  # fmt: skip
+
+
+CHAIN = [record([3, 1, 0, 2]), record([3, 3, 1, 0])]  # 8 cycles, 13 accepted
+TREE = [record([3, 3, 2, 1], topk=4, draft_tokens=5)]
+COSTS = {
+    "settings": [
+        {"steps": 3, "topk": 1, "draft_tokens": 4, "cycle_cost": 1.342},
+        {"steps": 5, "topk": 1, "draft_tokens": 6, "cycle_cost": 1.518},
+        {"steps": 3, "topk": 4, "draft_tokens": 5, "cycle_cost": 1.551},
+        {"steps": 3, "topk": 4, "draft_tokens": 8, "cycle_cost": 1.565},
+    ]
+}
+
+
+def test_measured_tau_and_positions_per_setting():
+    found = t.measured(CHAIN + TREE)
+    chain = found[t.Setting(3, 1, 4)]
+    assert chain["requests"] == 2 and chain["tau"] == (13 + 8) / 8
+    assert chain["per_position"] == [6 / 8, 4 / 8, 3 / 8]
+    assert found[t.Setting(3, 4, 5)]["tau"] == (9 + 4) / 4
+
+
+def test_a_deeper_chain_extends_the_last_conditional_rate():
+    a = [0.75, 0.5, 0.375]
+    assert t.chain_tau(a, 3) == pytest.approx(1 + sum(a))
+    assert t.chain_tau(a, 2) == pytest.approx(1.75 + 0.5)
+    # past depth 3 each position is the last times 0.375 / 0.5
+    assert t.chain_tau(a, 5) == pytest.approx(1 + sum(a) + 0.375 * 0.75 + 0.375 * 0.75**2)
+
+
+def test_advice_ranks_by_predicted_speedup_and_says_where_tau_came_from():
+    advice = t.advise(t.measured(CHAIN), t.read_costs_from(COSTS))
+    rows = {r["setting"]: r for r in advice["rows"]}
+    assert rows["3/1/4"]["tau_source"].startswith("measured")
+    assert rows["5/1/6"]["tau_source"] == "predicted from chain 3/1/4"
+    assert rows["3/4/5"]["tau"] is None and "serve it once" in rows["3/4/5"]["tau_source"]
+    best = max((r for r in advice["rows"] if r["speedup"]), key=lambda r: r["speedup"])
+    assert advice["recommended"] == best["setting"] == advice["rows"][0]["setting"]
+    assert rows["3/1/4"]["speedup"] == pytest.approx((21 / 8) / 1.342)
+    with_tree = t.advise(t.measured(CHAIN + TREE), t.read_costs_from(COSTS))
+    assert {r["setting"]: r for r in with_tree["rows"]}["3/4/5"]["tau"] == 13 / 4
+
+
+def test_the_command_end_to_end(tmp_path, capsys):
+    records = tmp_path / "acceptance.jsonl"
+    records.write_text("".join(json.dumps(r) + "\n" for r in CHAIN + TREE))
+    costs = tmp_path / "costs.json"
+    costs.write_text(json.dumps(COSTS))
+    assert main(["tune", str(records), "--costs", str(costs)]) == 0
+    out = capsys.readouterr().out
+    assert "recommended:" in out and "5/1/6" in out
+    assert main(["tune", str(records), "--costs", str(costs), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["recommended"]
+
+
+@pytest.mark.parametrize(
+    "costs, message",
+    [
+        ({"settings": []}, "non-empty list under 'settings'"),
+        ({"settings": [{"steps": 3, "topk": 1, "draft_tokens": 4}]}, "'cycle_cost' must be"),
+        ({"settings": [{"steps": 0, "topk": 1, "draft_tokens": 4, "cycle_cost": 1.3}]},
+         "settings[0]: field 'steps'"),
+    ],
+)
+def test_bad_cost_files_name_the_field_and_exit_1(tmp_path, capsys, costs, message):
+    records = tmp_path / "a.jsonl"
+    records.write_text(json.dumps(CHAIN[0]) + "\n")
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps(costs))
+    assert main(["tune", str(records), "--costs", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert message in err and str(path) in err and "Traceback" not in err
+
+
+def test_a_broken_record_names_its_line(tmp_path, capsys):
+    records = tmp_path / "a.jsonl"
+    records.write_text(json.dumps(CHAIN[0]) + "\n{not json\n")
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps(COSTS))
+    assert main(["tune", str(records), "--costs", str(path)]) == 1
+    assert f"{records}:2: not a JSON record" in capsys.readouterr().err
