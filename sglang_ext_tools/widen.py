@@ -156,33 +156,46 @@ class Widening:
 
     def widen(self, name: str, tensor: torch.Tensor, layout: Sequence[str]) -> torch.Tensor:
         """The big tensor for one small tensor, zeros outside the small model's positions."""
-        if layout == ("copy",):
-            return tensor.clone()
-        if len(layout) == 1 and layout[0].startswith("norm:"):
-            idx, size = self.index(layout[0].split(":", 1)[1])
-            self._check(name, tensor, (len(idx),))
-            scale = 1.0 / math.sqrt(self.ratio)
-            out = torch.full((size,), scale, dtype=torch.float32)
-            out[idx] = tensor.float() * scale
-            return out.to(tensor.dtype)
-        if len(layout) != tensor.dim():
-            raise WidenError(f"{name}: layout {layout} does not fit shape {tuple(tensor.shape)}")
-        maps = [
-            (torch.arange(size), size) if kind == "vocab" else self.index(kind)
-            for size, kind in zip(tensor.shape, layout, strict=True)
-        ]
-        self._check(name, tensor, tuple(len(idx) for idx, _ in maps))
-        out = torch.zeros([size for _, size in maps], dtype=tensor.dtype)
-        out[maps[0][0][:, None], maps[1][0][None, :]] = tensor
-        return out
+        return widen_tensor(self.index, lambda _kind: self.ratio, name, tensor, layout)
 
-    @staticmethod
-    def _check(name: str, tensor: torch.Tensor, expected: tuple[int, ...]) -> None:
-        if tuple(tensor.shape) != expected:
-            raise WidenError(
-                f"{name}: expected shape {expected} from the small config, found "
-                f"{tuple(tensor.shape)}"
-            )
+
+def widen_tensor(index, norm_ratio, name: str, tensor: torch.Tensor, layout: Sequence[str]):
+    """One small tensor placed in its big shape: ``index(kind)`` gives (big positions of the
+    small axis, big length) per axis kind, zeros elsewhere ("vocab" and "keep" axes stay as
+    they are); a ("norm:KIND",) RMSNorm weight is divided by sqrt(norm_ratio(KIND)), the
+    big/small ratio of the width it averages over, and so is its padding (a norm over zeros
+    contributes nothing either way)."""
+    if layout == ("copy",):
+        return tensor.clone()
+    if len(layout) == 1 and layout[0].startswith("norm:"):
+        kind = layout[0].split(":", 1)[1]
+        idx, size = index(kind)
+        _check_shape(name, tensor, (len(idx),))
+        scale = 1.0 / math.sqrt(norm_ratio(kind))
+        out = torch.full((size,), scale, dtype=torch.float32)
+        out[idx] = tensor.float() * scale
+        return out.to(tensor.dtype)
+    if len(layout) != tensor.dim():
+        raise WidenError(f"{name}: layout {layout} does not fit shape {tuple(tensor.shape)}")
+    maps = [
+        (torch.arange(size), size) if kind in ("vocab", "keep") else index(kind)
+        for size, kind in zip(tensor.shape, layout, strict=True)
+    ]
+    _check_shape(name, tensor, tuple(len(idx) for idx, _ in maps))
+    out = torch.zeros([size for _, size in maps], dtype=tensor.dtype)
+    if tensor.dim() == 1:
+        out[maps[0][0]] = tensor
+    else:
+        out[maps[0][0][:, None], maps[1][0][None, :]] = tensor
+    return out
+
+
+def _check_shape(name: str, tensor: torch.Tensor, expected: tuple[int, ...]) -> None:
+    if tuple(tensor.shape) != expected:
+        raise WidenError(
+            f"{name}: expected shape {expected} from the small config, found "
+            f"{tuple(tensor.shape)}"
+        )
 
 
 def check_placement(placement: Sequence[int], big_layers: int) -> None:
