@@ -23,7 +23,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 ARCHITECTURE = ROOT / "ARCHITECTURE.md"
-TOOLING = ("sglang_ext_tools", *sorted(p.stem for p in (ROOT / "scripts").glob("*.py")))
+TOOLING = (
+    "sglang_ext_tools",
+    *sorted(p.stem for d in ("scripts", "node") for p in (ROOT / d).glob("*.py")),
+)
 # Strings that look like module paths and are not: the acceptance log line's fixed prefix, and
 # the loggers of serving/, named as they were before the move (logging configurations name them).
 NOT_MODULE_PATHS = {

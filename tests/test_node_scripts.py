@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "gpu_node.sh"
+SCRIPT = ROOT / "node" / "gpu_node.sh"
 TEXT = SCRIPT.read_text(encoding="utf-8")
 # Top-level folders of this repo that the script may name by a relative path.
 TOP = ("scripts", "node", "locks", "patches", "tests", "sglang_ext", "sglang_ext_tools")

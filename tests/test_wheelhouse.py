@@ -1,4 +1,4 @@
-"""Offline tests of scripts/wheelhouse.py on small synthetic wheels (no network, no GPU)."""
+"""Offline tests of node/wheelhouse.py on small synthetic wheels (no network, no GPU)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "wheelhouse.py"
+SCRIPT = Path(__file__).resolve().parent.parent / "node" / "wheelhouse.py"
 
 
 def _load():

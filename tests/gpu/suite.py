@@ -31,7 +31,7 @@ RESULTS_DIR = Path(os.environ.get("SGLANG_EXT_RESULTS_DIR", Path(__file__).paren
 LOG_DIR = Path(os.environ.get("SGLANG_EXT_LOG_DIR", "/tmp/sglang-ext-logs"))
 PATCHED_SITE = os.environ.get("SGLANG_EXT_PATCHED_SITE")  # dir holding a patched `sglang`
 STARTUP_TIMEOUT = float(os.environ.get("SGLANG_EXT_STARTUP_TIMEOUT", "420"))
-# Fixtures still training when the suite starts (scripts/gpu_node.sh one-pipeline): wait up
+# Fixtures still training when the suite starts (node/gpu_node.sh one-pipeline): wait up
 # to this long for their READY (or FAILED) marker; unset: use what is there.
 FIXTURES_WAIT_S = os.environ.get("SGLANG_EXT_FIXTURES_WAIT_S")
 # Two suites on one node (one per SGLang version) need disjoint server ports.

@@ -2,16 +2,16 @@
 """Carry a file larger than one device call allows (64 MiB with the working tree) to the GPU
 node in parts, and put it together there, checked.
 
-    python scripts/ferry.py split FILE [--out .ferry] [--part-bytes 60000000]
+    python node/ferry.py split FILE [--out .ferry] [--part-bytes 60000000]
         -> .ferry/FILE_NAME/part-00 .. part-NN and manifest.json (name, size, sha256 of the
            whole file and of each part). One part per device call, back to back (the node
            keeps /tmp while warm): carry .ferry/FILE_NAME/part-KK and its manifest.json.
-    python scripts/ferry.py join MANIFEST --parts DIR --out DEST_DIR [--lock LOCK]
+    python node/ferry.py join MANIFEST --parts DIR --out DEST_DIR [--lock LOCK]
         -> DEST_DIR/FILE_NAME, written under a temporary name and renamed only once every
            part and the whole file match their sha256 (and, with --lock, the lock's sha256
            or upstream-sha256 for that filename: a stripped wheel's lock line records the
            upstream file's hash). An existing different file is never replaced.
-    python scripts/ferry.py status MANIFEST --parts DIR
+    python node/ferry.py status MANIFEST --parts DIR
 
 Stdlib only: it runs on the air-gapped node before anything is installed. Exit codes: 0 ok,
 1 a check failed (named: file, part, expected, found), 2 usage.
