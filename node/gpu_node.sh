@@ -16,7 +16,7 @@
 #   bash node/gpu_node.sh stage s2; ... stage s3 && bash node/gpu_node.sh install
 #                                                (install also releases the pipeline's widen stage)
 #   bash node/gpu_node.sh speed-wait [SECS]   watch; fixture manifest + results -> $OUT
-#   bash node/gpu_node.sh speed-bench [args]  scripts/bench_speed.py -> $OUT (fixtures ready)
+#   bash node/gpu_node.sh speed-bench [args]  bench_speed -> $OUT (fixtures ready)
 #
 # The whole GPU suite with the seed case, chunks from the training-first split:
 #   bash node/gpu_node.sh suite-start [pytest args]
@@ -98,14 +98,15 @@ sync_latest() {
 train_fixtures() {
     rm -f "$FIX/READY" "$FIX/FAILED" "$MLA/READY" "$MLA/FAILED"
     # shellcheck disable=SC2086  # flags, split on purpose
-    (env ${2:+CUDA_VISIBLE_DEVICES=$2} PYTHONPATH="$TRAIN_SITE" python3 scripts/make_fixtures.py \
-        --out "$FIX" --scale full --device cuda --ref-dtype bfloat16 --overwrite \
+    (env ${2:+CUDA_VISIBLE_DEVICES=$2} PYTHONPATH="$TRAIN_SITE" \
+        python3 -m sglang_ext_tools.fixtures.make_fixtures --out "$FIX" --scale full --device cuda \
+        --ref-dtype bfloat16 --overwrite \
         --variants "$1" ${FIXTURE_REF_ARGS:---ref-prompts 16 --ref-prompts-other 8 --window-ref-prompts 8} \
         >"$SUITE/fixtures.log" 2>&1 && touch "$FIX/READY") || { mkdir -p "$FIX"; touch "$FIX/FAILED"; false; } &
     local p1=$!
-    (env ${3:+CUDA_VISIBLE_DEVICES=$3} PYTHONPATH="$TRAIN_SITE" python3 \
-        scripts/make_mla_fixtures.py --stage all --out "$MLA" --device cuda >"$SUITE/mla.log" 2>&1 \
-        && touch "$MLA/READY") || { mkdir -p "$MLA"; touch "$MLA/FAILED"; false; } &
+    (env ${3:+CUDA_VISIBLE_DEVICES=$3} PYTHONPATH="$TRAIN_SITE" \
+        python3 -m sglang_ext_tools.fixtures.make_mla_fixtures --stage all --out "$MLA" \
+        --device cuda >"$SUITE/mla.log" 2>&1 && touch "$MLA/READY") || { mkdir -p "$MLA"; touch "$MLA/FAILED"; false; } &
     local p2=$!
     ok=1
     wait "$p1" || ok=0
@@ -192,7 +193,7 @@ speed-pipeline)
     #      -> widen-drafters -> speed-bench; ends with DONE or FAILED. Runs detached, so no
     # idle gap between device calls can lose it: `speed-wait` only watches.
     cd /tmp/repo
-    run() { PYTHONPATH="$1" python3 scripts/make_speed_fixtures.py --out "$SPEED" "${@:2}"; }
+    run() { PYTHONPATH="$1" python3 -m sglang_ext_tools.fixtures.make_speed_fixtures --out "$SPEED" "${@:2}"; }
     ok=0
     if run "$TRAIN_SITE" --stage base; then
         while [ ! -f "$INSTALLED" ]; do sleep 2; done
@@ -225,8 +226,8 @@ dummy-profile-start)
 dummy-profile)
     cd /tmp/repo
     while [ ! -f "$INSTALLED" ]; do sleep 2; done
-    python3 scripts/make_dummy_8b.py /tmp/dummy
-    SGLANG_PLUGINS=__no_plugin__ timeout -s INT 400 python3 scripts/bench_speed.py \
+    python3 -m sglang_ext_tools.fixtures.make_dummy_8b /tmp/dummy
+    SGLANG_PLUGINS=__no_plugin__ timeout -s INT 400 python3 -m sglang_ext_tools.bench_speed \
         --target /tmp/dummy/target --drafter /tmp/dummy/drafter \
         --prompts /tmp/dummy/prompts.jsonl --settings 5,1,6 --batches 1 --rounds 1 \
         --max-new-tokens 128 --mem-fraction 0.95 --max-total-tokens 8192 \
@@ -254,7 +255,7 @@ speed-wait)
     ;;
 speed-bench)
     mkdir -p "$OUT"
-    python3 scripts/bench_speed.py --target "$SPEED/target-8b" \
+    python3 -m sglang_ext_tools.bench_speed --target "$SPEED/target-8b" \
         --drafter "$SPEED/drafter-8b-nbr-true" \
         --drafter-nbr-false "$SPEED/drafter-8b-nbr-false" \
         --drafter-nbr-false-sglang "$SPEED/drafter-8b-nbr-false-sglang" \
@@ -266,7 +267,8 @@ speed-bench)
     exit "$status"
     ;;
 fixtures)
-    python3 scripts/make_fixtures.py --out "$FIX" --scale full --device cuda "$@" 2>&1 | tee "$OUT/fixtures.log"
+    python3 -m sglang_ext_tools.fixtures.make_fixtures --out "$FIX" --scale full --device cuda "$@" \
+        2>&1 | tee "$OUT/fixtures.log"
     cp "$FIX/fixtures.json" "$OUT/"
     ;;
 patched)
