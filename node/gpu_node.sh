@@ -1,56 +1,83 @@
 #!/usr/bin/env bash
 # The GPU-node procedure, one subcommand per step (each fits one `device` call; the machine
 # keeps /tmp while it stays warm). Air-gapped H200 node: Python 3.12 with torch preinstalled.
+# Run from the repository root; every subcommand of the `case` below is listed here
+# (tests/test_node_scripts.py checks that this header and the `case` agree).
 #
-#   bash node/gpu_node.sh stage c1 [c2 ...]   copy carried wheel chunks (.wh/cN) to /tmp/wh
-#   bash node/gpu_node.sh install             pip --target /tmp/site: wheels + this project
-#   bash node/gpu_node.sh fixtures [args]     train the fixtures into /tmp/fixtures
-#   bash node/gpu_node.sh patched VERSION     patched copy of SGLang in /tmp/site_patched
-#   bash node/gpu_node.sh test [pytest args]  pytest -m gpu tests/gpu (results -> $OUT)
+#   bash node/gpu_node.sh stage c1 [c2 ...]    copy carried wheel chunks (.wh/cN) to /tmp/wh
+#   bash node/gpu_node.sh install              pip --target /tmp/site: wheels + this project
+#   bash node/gpu_node.sh fixtures [args]      train the fixtures into /tmp/fixtures
+#   bash node/gpu_node.sh patched VERSION      patched copy of SGLang in /tmp/site_patched
+#   bash node/gpu_node.sh test [pytest args]   pytest -m gpu tests/gpu (results -> $OUT)
 #
 # Speed benchmark, chunks from the training-first split .wh/s1..sN:
 #   bash node/gpu_node.sh speed-start [bench args]
-#                                                stage s1, install the training subset into
-#                                                /tmp/site-train, start fixtures + benchmark in
-#                                                the background (setsid; runs while warm)
+#                                              stage s1, install the training subset into
+#                                              /tmp/site-train, start fixtures + benchmark in
+#                                              the background (setsid; runs while warm)
 #   bash node/gpu_node.sh stage s2; ... stage s3 && bash node/gpu_node.sh install
-#                                                (install also releases the pipeline's widen stage)
-#   bash node/gpu_node.sh speed-wait [SECS]   watch; fixture manifest + results -> $OUT
-#   bash node/gpu_node.sh speed-bench [args]  bench_speed -> $OUT (fixtures ready)
+#                                              (install also releases the pipeline's widen stage)
+#   bash node/gpu_node.sh speed-wait [SECS]    watch; fixture manifest + results -> $OUT
+#   bash node/gpu_node.sh speed-bench [args]   python -m sglang_ext_tools.bench_speed -> $OUT
+#                                              (fixtures ready)
+#
+# Where a verify cycle's time goes (stock SGLang, dummy 8B-shaped weights, tau ~ 1):
+#   bash node/gpu_node.sh dummy-profile-start  carry .wh/s1: start the profile detached; then
+#                                              stage s2 ...; stage sN && install
+#   bash node/gpu_node.sh dummy-profile-wait [SECS]
+#                                              watch; results, traces, server logs -> $OUT
 #
 # The whole GPU suite with the seed case, chunks from the training-first split:
 #   bash node/gpu_node.sh suite-start [pytest args]
-#                                                stage s1, install the training subset, start
-#                                                make_fixtures (bf16 reference) || make_mla_fixtures,
-#                                                then (after `install`) the patched copy and
-#                                                pytest -m gpu, detached
+#                                              stage s1, install the training subset, start
+#                                              make_fixtures (bf16 reference) || make_mla_fixtures,
+#                                              then (after `install`) the patched copy and
+#                                              pytest -m gpu, detached
 #   bash node/gpu_node.sh stage s2 ...; stage sN && bash node/gpu_node.sh install
-#   bash node/gpu_node.sh suite-wait [SECS]   watch; results + fixture manifests -> $OUT
+#   bash node/gpu_node.sh suite-wait [SECS]    watch; results + fixture manifests -> $OUT
 #
 # Files larger than a call (the unstripped sglang-kernel with FA3 + FlashMLA, torch 2.14.1):
-#   python node/ferry.py split FILE           here; then one call per part, back to back:
-#   bash node/gpu_node.sh ferry-recv          carry .ferry/FILE/part-KK + .ferry/FILE/manifest.json
-#   bash node/gpu_node.sh ferry-join LOCK     every complete file into /tmp/wh, checked against
-#                                                LOCK (sha256 or upstream-sha256); a stripped copy
-#                                                of the same name is set aside, then `install`
+#   python node/ferry.py split FILE            here; then one call per part, back to back:
+#   bash node/gpu_node.sh ferry-recv           carry .ferry/FILE/part-KK + .ferry/FILE/manifest.json
+#   bash node/gpu_node.sh ferry-join LOCK      every complete file into /tmp/wh, checked against
+#                                              LOCK (sha256 or upstream-sha256); a stripped copy
+#                                              of the same name is set aside, then `install`
 #
 # SGLang 0.5.23 (GPU 0) and 0.5.17 (GPU 1) side by side on nvidia-h200-x2:
-#   bash node/gpu_node.sh dual-start          carry .wh/s1: training subset, fixtures start
-#                                                (both fixture scripts + the window drafter)
-#   bash node/gpu_node.sh ferry-recv          carry .ferry/BUNDLE/part-KK + manifest.json,
-#                                                one call per part (BUNDLE: see README)
-#   bash node/gpu_node.sh dual-install BUNDLE join + check the bundle, install 0.5.17 into
-#                                                /tmp/site and 0.5.23 into /tmp/site523
-#   bash node/gpu_node.sh dual-wait [SECS]    watch; both suites' results -> $OUT/sglangV/
+#   bash node/gpu_node.sh dual-start           carry .wh/s1: training subset, fixtures start
+#                                              (both fixture builders + the window drafter)
+#   bash node/gpu_node.sh ferry-recv           carry .ferry/BUNDLE/part-KK + manifest.json,
+#                                              one call per part (BUNDLE: see README)
+#   bash node/gpu_node.sh dual-install BUNDLE  join + check the bundle, install 0.5.17 into
+#                                              /tmp/site and 0.5.23 into /tmp/site523
+#   bash node/gpu_node.sh smoke SITE GPU       optional: one plugin server on SITE, one request
+#   bash node/gpu_node.sh dual-go              release both suites with the newest checkout
+#   bash node/gpu_node.sh dual-wait [SECS]     watch; both suites' results -> $OUT/sglangV/
 #
 # SGLang 0.5.23 alone on one nvidia-h200 (the suite, the patched copy, the seed case):
-#   bash node/gpu_node.sh one-start          carry .wh/s1 (training subset): the fixtures
-#                                                start (both scripts, one GPU)
-#   bash node/gpu_node.sh ferry-recv          carry .ferry/BUNDLE/part-KK + manifest.json,
-#                                                one call per part, back to back
-#   bash node/gpu_node.sh one-install BUNDLE  join + check + install 0.5.23 into /tmp/site523;
-#                                                the suite starts once the fixtures are done
-#   bash node/gpu_node.sh one-wait [SECS]     watch; results + logs -> $OUT
+#   bash node/gpu_node.sh one-start            carry .wh/s1 (training subset): the fixtures
+#                                              start (both builders, one GPU)
+#   bash node/gpu_node.sh ferry-recv           carry .ferry/BUNDLE/part-KK + manifest.json,
+#                                              one call per part, back to back
+#   bash node/gpu_node.sh one-install BUNDLE   join + check + install 0.5.23 into /tmp/site523;
+#                                              the suite starts once the fixtures are done
+#   bash node/gpu_node.sh one-wait [SECS]      watch; results + logs -> $OUT
+#
+# Steps the ones above run (detached pipelines and their parts; callable by hand):
+#   bash node/gpu_node.sh suite-pipeline       suite-start's pipeline (from /tmp/repo)
+#   bash node/gpu_node.sh speed-pipeline       speed-start's pipeline (from /tmp/repo)
+#   bash node/gpu_node.sh dummy-profile        dummy-profile-start's pipeline (from /tmp/repo)
+#   bash node/gpu_node.sh dual-pipeline        dual-start's pipeline (from /tmp/repo)
+#   bash node/gpu_node.sh one-pipeline         one-start's pipeline (from /tmp/repo)
+#   bash node/gpu_node.sh suite-on VERSION SITE GPU PORT_BASE
+#                                              the patched copy of that SGLang, then its suite
+#   bash node/gpu_node.sh public-on SITE PORT_BASE
+#                                              the published-drafter corpus alone (dummy targets)
+#   bash node/gpu_node.sh install-site WHEEL...
+#                                              wheels + this project into $SGLANG_EXT_SITE
+#   bash node/gpu_node.sh install-523          0.5.23's site in /tmp/site523 (from /tmp/wh523)
+#   bash node/gpu_node.sh site-check           versions and plugins importable from $SGLANG_EXT_SITE
+#   bash node/gpu_node.sh pyrun CMD...         CMD with $SGLANG_EXT_SITE's PYTHONPATH
 #
 # Wheel chunks come from: python node/wheelhouse.py build --profile h200-cu130-py312 --out .wh
 set -euo pipefail
@@ -126,7 +153,7 @@ train_site() {
         .wh/s1/*.whl
 }
 
-step=${1:?usage: gpu_node.sh stage|install|fixtures|patched|test}
+step=${1:?usage: gpu_node.sh STEP [ARGS...] (the steps: see the header of node/gpu_node.sh)}
 shift
 case "$step" in
 stage)

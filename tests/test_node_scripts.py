@@ -84,3 +84,27 @@ def test_the_copies_hold_every_folder_the_script_uses():
     used = {p.split("/")[0] for p in repo_paths()} | {"sglang_ext_tools", "pyproject.toml"}
     assert used <= pipeline, sorted(used - pipeline)
 
+
+def case_steps() -> set[str]:
+    """The subcommands: the labels of the script's top-level ``case "$step"``."""
+    body = TEXT.split('case "$step" in\n', 1)[1].rsplit("\nesac", 1)[0]
+    return set(re.findall(r"^([a-z0-9][a-z0-9-]*)\)$", body, flags=re.M))
+
+
+def header_steps() -> set[str]:
+    """The subcommands the header lists: ``#   bash node/gpu_node.sh STEP ...`` lines."""
+    header = TEXT.split("\nset -euo pipefail", 1)[0]
+    return set(re.findall(r"^#\s+bash \S*gpu_node\.sh ([a-z0-9-]+)", header, flags=re.M))
+
+
+def test_the_header_lists_every_subcommand():
+    assert len(case_steps()) > 20
+    assert header_steps() == case_steps(), (
+        f"only in the case: {sorted(case_steps() - header_steps())}; "
+        f"only in the header: {sorted(header_steps() - case_steps())}"
+    )
+
+
+def test_every_step_the_script_calls_itself_with_is_a_subcommand():
+    called = set(re.findall(r"bash \S*gpu_node\.sh ([a-z0-9-]+)", TEXT))
+    assert called <= case_steps(), sorted(called - case_steps())
