@@ -70,6 +70,10 @@ from collections.abc import Iterable, Sequence
 from email.parser import HeaderParser
 from pathlib import Path
 
+# ferry.py (beside this file: the script's folder is on sys.path) is standard library only and
+# runs on the node before anything is installed; the file hash and the lock-line reader live
+# there, once.
+from ferry import lock_line, sha256_file
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name, parse_wheel_filename
@@ -685,15 +689,6 @@ def plan_chunks_first(
     return plan_chunks(sizes, limit_bytes, first=head)
 
 
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file, read in blocks."""
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 @dataclasses.dataclass
 class LockEntry:
     """One wheel of a lock: exact file, its sha256 and size, and the upstream sha if stripped."""
@@ -758,8 +753,7 @@ def read_lock(path: Path) -> Lock:
             else:
                 raise WheelhouseError(f"{path}: unknown lock option {key!r}")
             continue
-        filename, *fields = line.split()
-        attrs = dict(f.split("=", 1) for f in fields)
+        filename, attrs = lock_line(line)
         lock.entries.append(
             LockEntry(filename, attrs["sha256"], int(attrs["size"]), attrs.get("upstream-sha256"))
         )

@@ -22,10 +22,14 @@ SCRIPT = Path(__file__).resolve().parent.parent / "node" / "wheelhouse.py"
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("wheelhouse", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["wheelhouse"] = module  # dataclasses look their module up while being built
-    spec.loader.exec_module(module)
+    # wheelhouse.py imports ferry.py, beside it (run as a script, its folder is on sys.path)
+    for name in ("ferry", "wheelhouse"):
+        if name == "ferry" and name in sys.modules:
+            continue
+        spec = importlib.util.spec_from_file_location(name, SCRIPT.with_name(f"{name}.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up while being built
+        spec.loader.exec_module(module)
     return module
 
 
