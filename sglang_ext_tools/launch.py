@@ -1,4 +1,4 @@
-"""Launch real SGLang servers as subprocesses (GPU tests, ``scripts/bench_speed.py``).
+"""Launch real SGLang servers as subprocesses (GPU tests, ``sglang_ext_tools/bench_speed.py``).
 
 Each server is ``python -m sglang.launch_server`` on a loopback port, waited on through
 ``/health_generate`` and torn down with its whole process group. Several small servers can

@@ -1,5 +1,5 @@
 """Small statistics for benchmark figures: bootstrap intervals over paired items (used by
-scripts/bench_speed.py, the GPU seed-case test and `tau_compare`)."""
+sglang_ext_tools/bench_speed.py, the GPU seed-case test and `tau_compare`)."""
 
 from __future__ import annotations
 

@@ -1,32 +1,19 @@
-"""CPU tests of scripts/bench_speed.py: its pure parts (settings, plan, aggregation, rows,
+"""CPU tests of sglang_ext_tools.bench_speed: its pure parts (settings, plan, aggregation, rows,
 goals, JSON, PNG) and its main() with the servers and requests replaced by fakes. No SGLang
-server is started here; the GPU run is scripts/bench_speed.py on the node."""
+server is started here; the GPU run is the same module on the node."""
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 from sglang_ext.cli.bench_report import Acceptance, RequestResult
+from sglang_ext_tools import bench_speed as bs
 from sglang_ext_tools.launch import STOCK_ENV, Server
-
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_speed.py"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("bench_speed_script", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bs = _load()
 
 ALL_SERVERS = {
     "nospec",

@@ -1,4 +1,4 @@
-"""scripts/ferry.py: a file larger than one device call, carried in checked parts."""
+"""node/ferry.py: a file larger than one device call, carried in checked parts."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("ferry", ROOT / "scripts" / "ferry.py")
+spec = importlib.util.spec_from_file_location("ferry", ROOT / "node" / "ferry.py")
 ferry = importlib.util.module_from_spec(spec)
 sys.modules["ferry"] = ferry
 spec.loader.exec_module(ferry)
@@ -86,7 +86,7 @@ def test_split_refuses_to_mix_with_earlier_parts(wheel, tmp_path):
 
 def test_the_real_lock_records_the_unstripped_kernel():
     """The lock gives the FA3/FlashMLA-carrying kernel wheel's hash (upstream-sha256)."""
-    lock = ROOT / "locks" / "sglang-0.5.17-h200-cu130-py312.lock"
+    lock = ROOT / "node" / "locks" / "sglang-0.5.17-h200-cu130-py312.lock"
     assert len(ferry.lock_hashes(lock, NAME)) == 2
 
 

@@ -1,8 +1,9 @@
-"""Build the tiny CPU fixtures with scripts/make_fixtures.py and check their structure."""
+"""Build the tiny CPU fixtures with sglang_ext_tools.fixtures.make_fixtures and check their
+structure."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import os
 import subprocess
@@ -19,19 +20,14 @@ pytest.importorskip("speculators")
 from safetensors import safe_open  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "scripts" / "make_fixtures.py"
+MODULE = "sglang_ext_tools.fixtures.make_fixtures"
 VARIANTS = "llama,random,sglang4layer"
 MAX_WALL_S = float(os.environ.get("SGLANG_EXT_FIXTURES_MAX_S", "180"))
 
 
 def _load_fixtures_common():
-    """scripts/fixtures_common.py (held-out split), loaded by path as the scripts load it."""
-    path = SCRIPT.with_name("fixtures_common.py")
-    spec = importlib.util.spec_from_file_location("fixtures_common", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, module)  # dataclasses resolve annotations via it
-    spec.loader.exec_module(module)
-    return module
+    """sglang_ext_tools.fixtures.common (held-out split), as the builders import it."""
+    return importlib.import_module("sglang_ext_tools.fixtures.common")
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +37,8 @@ def built(tmp_path_factory):
     proc = subprocess.run(
         [
             sys.executable,
-            str(SCRIPT),
+            "-m",
+            MODULE,
             "--out",
             str(out),
             "--scale",

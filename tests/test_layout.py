@@ -23,7 +23,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 ARCHITECTURE = ROOT / "ARCHITECTURE.md"
-TOOLING = ("sglang_ext_tools", *sorted(p.stem for p in (ROOT / "scripts").glob("*.py")))
+TOOLING = (
+    "sglang_ext_tools",
+    *sorted(p.stem for d in ("scripts", "node") for p in (ROOT / d).glob("*.py")),
+)
 # Strings that look like module paths and are not: the acceptance log line's fixed prefix, and
 # the loggers of serving/, named as they were before the move (logging configurations name them).
 NOT_MODULE_PATHS = {
@@ -223,6 +226,66 @@ def test_cli_is_imported_by_nothing_below_it(module):
 def test_sglang_ext_never_imports_the_tooling(module):
     bad = {n for n in imported(module, MODULES[module]) if n.split(".")[0] in TOOLING}
     assert not bad, f"{module} imports test/benchmark tooling {sorted(bad)}"
+
+
+def _tooling_section() -> str:
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    return text.split("\n## Tooling", 1)[1].split("\n## ", 1)[0]
+
+
+def _tooling_files() -> list[Path]:
+    return sorted(
+        [*(ROOT / "sglang_ext_tools").rglob("*.py"), *(ROOT / "scripts").glob("*.py"),
+         *(ROOT / "node").glob("*.py")]
+    )  # fmt: skip
+
+
+def test_architecture_places_every_tooling_module_and_script():
+    """The tooling has one list too: each module of sglang_ext_tools (``fixtures.common``),
+    each subpackage (``sglang_ext_tools/fixtures/``) and each file of scripts/ and node/ is
+    named in ARCHITECTURE.md's Tooling section."""
+    named = set(_ticked(_tooling_section()))
+    wanted = set()
+    for path in (ROOT / "sglang_ext_tools").rglob("*.py"):
+        parts = path.relative_to(ROOT / "sglang_ext_tools").with_suffix("").parts
+        if parts[-1] == "__init__":
+            if len(parts) > 1:
+                wanted.add("sglang_ext_tools/" + "/".join(parts[:-1]) + "/")
+            continue
+        wanted.add(".".join(parts))
+    for folder in ("scripts", "node"):
+        for path in (ROOT / folder).iterdir():
+            if path.name != "__pycache__":
+                wanted.add(path.name + ("/" if path.is_dir() else ""))
+    assert not wanted - named, sorted(wanted - named)
+
+
+def _edits_sys_path(tree: ast.AST) -> list[int]:
+    lines = []
+    for node in ast.walk(tree):
+        target = None
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            target = node.func.value  # sys.path.insert(...), .append(...)
+        elif isinstance(node, (ast.Assign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            target = next((t for t in targets if isinstance(t, ast.Attribute)), None)
+        if (isinstance(target, ast.Attribute) and target.attr == "path"
+                and isinstance(target.value, ast.Name) and target.value.id == "sys"):
+            lines.append(node.lineno)
+    return sorted(lines)
+
+
+@pytest.mark.parametrize("path", _tooling_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_tooling_edits_no_sys_path(path):
+    """The fixture builders and the benchmark are one package and import each other by name;
+    node/ and scripts/ are standalone scripts: nothing reaches another file by editing
+    sys.path."""
+    assert not _edits_sys_path(ast.parse(path.read_text(encoding="utf-8")))
+
+
+def test_the_sys_path_check_sees_an_edit():
+    tree = ast.parse("import sys\nsys.path.insert(0, 'x')\nsys.path += ['y']\nsys.argv.pop()\n")
+    assert _edits_sys_path(tree) == [2, 3]
 
 
 @pytest.mark.parametrize(

@@ -1,13 +1,12 @@
-"""scripts/make_mla_fixtures.py at tiny scale on CPU: the deepened MLA + MoE target computes
-exactly what the trained one computes, the deep drafter is servable, and the seed's
+"""sglang_ext_tools.fixtures.make_mla_fixtures at tiny scale on CPU: the deepened MLA + MoE
+target computes exactly what the trained one computes, the deep drafter is servable, and the seed's
 configuration is what stock SGLang serves silently unfused and the plugin refuses, naming
 both widths."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,14 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _load_script():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    spec = importlib.util.spec_from_file_location(
-        "make_mla_fixtures", ROOT / "scripts" / "make_mla_fixtures.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("sglang_ext_tools.fixtures.make_mla_fixtures")
 
 
 @pytest.fixture(scope="module")

@@ -1,11 +1,11 @@
-"""scripts/make_speed_fixtures.py at tiny scale on CPU: every stage runs, the widened target
-keeps the small target's logits, and the nbr-false drafter converts with no differences."""
+"""sglang_ext_tools.fixtures.make_speed_fixtures at tiny scale on CPU: every stage runs, the
+widened target keeps the small target's logits, and the nbr-false drafter converts with no
+differences."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,12 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def speed_fixtures(tmp_path_factory):
-    spec = importlib.util.spec_from_file_location(
-        "make_speed_fixtures", ROOT / "scripts" / "make_speed_fixtures.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
+    module = importlib.import_module("sglang_ext_tools.fixtures.make_speed_fixtures")
     out = tmp_path_factory.mktemp("speed")
     argv = ["--stage", "all", "--scale", "tiny", "--device", "cpu", "--out", str(out)]
     assert module.main(argv) == 0

@@ -1,4 +1,4 @@
-"""Offline tests of scripts/wheelhouse.py on small synthetic wheels (no network, no GPU)."""
+"""Offline tests of node/wheelhouse.py on small synthetic wheels (no network, no GPU)."""
 
 from __future__ import annotations
 
@@ -18,14 +18,18 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "wheelhouse.py"
+SCRIPT = Path(__file__).resolve().parent.parent / "node" / "wheelhouse.py"
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("wheelhouse", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["wheelhouse"] = module  # dataclasses look their module up while being built
-    spec.loader.exec_module(module)
+    # wheelhouse.py imports ferry.py, beside it (run as a script, its folder is on sys.path)
+    for name in ("ferry", "wheelhouse"):
+        if name == "ferry" and name in sys.modules:
+            continue
+        spec = importlib.util.spec_from_file_location(name, SCRIPT.with_name(f"{name}.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up while being built
+        spec.loader.exec_module(module)
     return module
 
 

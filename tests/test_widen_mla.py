@@ -5,22 +5,16 @@ loaded back, logits compared in fp32."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-
-from fixtures_common import dsv3_cfg  # noqa: E402
-from fixtures_targets import build_dsv3  # noqa: E402
-
 from sglang_ext_tools import reference as ref  # noqa: E402
 from sglang_ext_tools import widen_mla as wm  # noqa: E402
+from sglang_ext_tools.fixtures.common import dsv3_cfg  # noqa: E402
+from sglang_ext_tools.fixtures.targets import build_dsv3  # noqa: E402
 from sglang_ext_tools.widen import WidenError  # noqa: E402
 
 

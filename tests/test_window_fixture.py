@@ -1,4 +1,4 @@
-"""The `window` fixture variant (scripts/fixtures_window.py) built at tiny scale on CPU:
+"""The `window` fixture variant (sglang_ext_tools/fixtures/window.py) built at tiny scale on CPU:
 the drafter carries its trained window, the prompts are longer than it, and the manifest
 holds both reference taus the GPU test (tests/gpu/test_window.py) reads."""
 
@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     out = tmp_path_factory.mktemp("window-fixtures")
-    cmd = [sys.executable, str(REPO / "scripts" / "make_fixtures.py"), "--out", str(out)]
+    cmd = [sys.executable, "-m", "sglang_ext_tools.fixtures.make_fixtures", "--out", str(out)]
     cmd += ["--scale", "tiny", "--device", "cpu", "--variants", "window", "--smoke"]
     cmd += ["--ref-dtype", "bfloat16", "--max-new-tokens", "8"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
@@ -57,8 +57,7 @@ def test_window_prompts_and_references(built):
 
 
 def test_long_prompts_refuse_short_files():
-    sys.path.insert(0, str(REPO / "scripts"))
-    from fixtures_window import make_long_prompts
+    from sglang_ext_tools.fixtures.window import make_long_prompts
 
     class Tok:
         def __init__(self):

@@ -1,6 +1,7 @@
 """The GPU suite's servers and shared measurements: real SGLang servers on a trained target
-and speculators-trained drafters (scripts/make_fixtures.py -> $SGLANG_EXT_FIXTURES) and the
-seed case's MLA + MoE target (scripts/make_mla_fixtures.py -> $SGLANG_EXT_MLA_FIXTURES).
+and speculators-trained drafters (sglang_ext_tools.fixtures.make_fixtures ->
+$SGLANG_EXT_FIXTURES) and the seed case's MLA + MoE target
+(sglang_ext_tools.fixtures.make_mla_fixtures -> $SGLANG_EXT_MLA_FIXTURES).
 
 All servers start in parallel (fixed KV pools, see `launch`) and are torn down at the
 end. Every run writes tests/gpu/results/integration-<date>-<gpu>-sglang<version>.json (or into
@@ -31,7 +32,7 @@ RESULTS_DIR = Path(os.environ.get("SGLANG_EXT_RESULTS_DIR", Path(__file__).paren
 LOG_DIR = Path(os.environ.get("SGLANG_EXT_LOG_DIR", "/tmp/sglang-ext-logs"))
 PATCHED_SITE = os.environ.get("SGLANG_EXT_PATCHED_SITE")  # dir holding a patched `sglang`
 STARTUP_TIMEOUT = float(os.environ.get("SGLANG_EXT_STARTUP_TIMEOUT", "420"))
-# Fixtures still training when the suite starts (scripts/gpu_node.sh one-pipeline): wait up
+# Fixtures still training when the suite starts (node/gpu_node.sh one-pipeline): wait up
 # to this long for their READY (or FAILED) marker; unset: use what is there.
 FIXTURES_WAIT_S = os.environ.get("SGLANG_EXT_FIXTURES_WAIT_S")
 # Two suites on one node (one per SGLang version) need disjoint server ports.
@@ -47,7 +48,7 @@ AUX_DUMP_PLUGIN = Path(__file__).parent / "auxdump"
 JSONL = LOG_DIR / "acceptance-plugin.jsonl"
 ALARM_JSONL = LOG_DIR / "acceptance-random.jsonl"
 CHAIN, TREE = (3, 1, 4), (3, 4, 5)  # the seed ran topk 4 with 5 draft tokens
-WINDOW_DRAFTER = "window-drafter"  # trained with a binding sliding window (fixtures_window)
+WINDOW_DRAFTER = "window-drafter"  # trained with a binding sliding window (fixtures.window)
 
 # The timed tests (marker `alone`) run last with only these servers up, idle but for the
 # one being timed: the seed case's speed triple, the metrics on/off pair, the bench pair.
@@ -220,7 +221,9 @@ class Cluster(dict):
 @pytest.fixture(scope="session")
 def cluster():
     if not fixtures_ready(FIXTURES, "prompts.jsonl"):
-        pytest.skip(f"no fixtures in {FIXTURES}: run scripts/make_fixtures.py first")
+        pytest.skip(
+            f"no fixtures in {FIXTURES}: run python -m sglang_ext_tools.fixtures.make_fixtures"
+        )
     from sglang_ext.cli.convert import convert
 
     converted = LOG_DIR / "converted-llama-drafter"
@@ -421,7 +424,7 @@ def aux_dump_env(name: str) -> dict[str, str]:
 
 
 def mla_servers(port) -> list[Server]:
-    """The seed case (scripts/make_mla_fixtures.py): 61-layer MLA + MoE target, no
+    """The seed case (sglang_ext_tools/fixtures/make_mla_fixtures.py): 61-layer MLA + MoE target, no
     speculation; the plugin with the drafter's trained capture, chain and tree; and the seed's
     configuration (one aux layer as wide as the drafter) under stock SGLang and the plugin."""
     if not (MLA_FIXTURES / "deep-target").exists():
@@ -485,7 +488,10 @@ def llama_baseline(cluster):
 def mla_baseline(cluster):
     cluster.join_background()
     if "mla_nospec" not in cluster:
-        pytest.skip(f"no MLA fixtures in {MLA_FIXTURES}: run scripts/make_mla_fixtures.py")
+        pytest.skip(
+            f"no MLA fixtures in {MLA_FIXTURES}: "
+            "run python -m sglang_ext_tools.fixtures.make_mla_fixtures"
+        )
     prompts = load_prompts(MLA_FIXTURES)[:MLA_LOSSLESS_PROMPTS]
     return baseline(cluster["mla_nospec"], prompts, MLA_NEW_TOKENS, "mla")
 

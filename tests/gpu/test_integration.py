@@ -1,7 +1,7 @@
 """End to end on a GPU: real SGLang servers, a trained target and a speculators-trained drafter.
 
-Run on a GPU node after building the fixtures (scripts/make_fixtures.py, and
-scripts/make_mla_fixtures.py for the seed case in test_seed_case.py):
+Run on a GPU node after building the fixtures (sglang_ext_tools/fixtures/make_fixtures.py, and
+sglang_ext_tools/fixtures/make_mla_fixtures.py for the seed case in test_seed_case.py):
 
     SGLANG_EXT_FIXTURES=/tmp/fixtures python -m pytest -m gpu tests/gpu -x -q
 

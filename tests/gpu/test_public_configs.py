@@ -6,7 +6,7 @@ Records RESULTS["public_configs"] = {name: {doctor, server, requests_ok}}.
 
 The servers need no trained fixture: they start together in a phase of their own
 (suite.public_config_servers, where doctor's diagnosis of each is taken before any server runs);
-on the node they run while the fixtures train (scripts/gpu_node.sh one-pipeline).
+on the node they run while the fixtures train (node/gpu_node.sh one-pipeline).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The case this project exists for, in miniature: an MLA + MoE (DeepSeek-V3-class) target,
 61 layers deep, with a speculators-trained EAGLE-3 drafter, chain and the seed's tree setting
-(topk 4, 5 draft tokens), CUDA graphs on. Fixtures: scripts/make_mla_fixtures.py.
+(topk 4, 5 draft tokens), CUDA graphs on. Fixtures: sglang_ext_tools/fixtures/make_mla_fixtures.py.
 
 The seed: a team served Kimi-K2.5 with a speculators drafter and got accept length 1.00 and
 a third of no-speculation speed, because the target handed the drafter one layer as wide as

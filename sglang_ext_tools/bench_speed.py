@@ -8,7 +8,7 @@ All servers run at once on the one GPU (small --mem-fraction-static each) and ar
 rounds whose server order rotates, so slow drift (clocks, temperature) spreads over all of
 them. Per (server, batch) the figure is the median over rounds.
 
-    python scripts/bench_speed.py --target /tmp/fixtures/llama-target \\
+    python -m sglang_ext_tools.bench_speed --target /tmp/fixtures/llama-target \\
         --drafter /tmp/fixtures/llama-drafter --prompts /tmp/fixtures/prompts.jsonl \\
         --out-json $OUT/bench_speed.json --out-png $OUT/bench_speed.png
 
@@ -36,11 +36,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-try:
-    import sglang_ext
-except ImportError:  # run from a checkout without the package installed
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    import sglang_ext
+import sglang_ext
 from sglang_ext.cli.bench import BenchError, RequestSpec, load_prompts, run_benchmark
 from sglang_ext.cli.bench_report import RequestResult
 from sglang_ext_tools.launch import DEFAULT_SPEC, STOCK_ENV, Server, start_all

@@ -2,16 +2,16 @@
 """Carry a file larger than one device call allows (64 MiB with the working tree) to the GPU
 node in parts, and put it together there, checked.
 
-    python scripts/ferry.py split FILE [--out .ferry] [--part-bytes 60000000]
+    python node/ferry.py split FILE [--out .ferry] [--part-bytes 60000000]
         -> .ferry/FILE_NAME/part-00 .. part-NN and manifest.json (name, size, sha256 of the
            whole file and of each part). One part per device call, back to back (the node
            keeps /tmp while warm): carry .ferry/FILE_NAME/part-KK and its manifest.json.
-    python scripts/ferry.py join MANIFEST --parts DIR --out DEST_DIR [--lock LOCK]
+    python node/ferry.py join MANIFEST --parts DIR --out DEST_DIR [--lock LOCK]
         -> DEST_DIR/FILE_NAME, written under a temporary name and renamed only once every
            part and the whole file match their sha256 (and, with --lock, the lock's sha256
            or upstream-sha256 for that filename: a stripped wheel's lock line records the
            upstream file's hash). An existing different file is never replaced.
-    python scripts/ferry.py status MANIFEST --parts DIR
+    python node/ferry.py status MANIFEST --parts DIR
 
 Stdlib only: it runs on the air-gapped node before anything is installed. Exit codes: 0 ok,
 1 a check failed (named: file, part, expected, found), 2 usage.
@@ -37,7 +37,8 @@ class FerryError(Exception):
     """A check failed; the message names the file or part, what was expected and found."""
 
 
-def sha256_of(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file, read in blocks (wheelhouse.py uses this one too)."""
     digest = hashlib.sha256()
     with path.open("rb") as handle:
         for block in iter(lambda: handle.read(CHUNK), b""):
@@ -127,12 +128,21 @@ def missing_parts(manifest: dict, parts_dir: Path) -> list[str]:
     return [p["name"] for p in manifest["parts"] if not (parts_dir / p["name"]).is_file()]
 
 
+def lock_line(line: str) -> tuple[str, dict[str, str]] | None:
+    """A lock's wheel line as (filename, its key=value fields); None for a blank, comment or
+    ``@`` option line. The one reader of wheel lines (wheelhouse.py's read_lock uses it)."""
+    fields = line.split()
+    if not fields or fields[0].startswith(("#", "@")):
+        return None
+    return fields[0], dict(f.split("=", 1) for f in fields[1:] if "=" in f)
+
+
 def lock_hashes(lock: Path, filename: str) -> set[str]:
     """The sha256 values a lock accepts for ``filename`` (installed and upstream)."""
     for line in lock.read_text().splitlines():
-        fields = line.split()
-        if fields and fields[0] == filename:
-            attrs = dict(f.split("=", 1) for f in fields[1:] if "=" in f)
+        entry = lock_line(line)
+        if entry and entry[0] == filename:
+            attrs = entry[1]
             return {attrs[k] for k in ("sha256", "upstream-sha256") if k in attrs}
     raise FerryError(f"{lock}: no line for {filename}")
 
@@ -150,7 +160,7 @@ def join(manifest_path: Path, parts_dir: Path, out: Path, lock: Path | None = No
         )
     target = out / manifest["file"]
     if target.exists():
-        found = sha256_of(target)
+        found = sha256_file(target)
         if found == manifest["sha256"]:
             return target  # already there, same bytes
         raise FerryError(

@@ -26,21 +26,21 @@ version" and satisfies every requirement on that name.  Use ``--pin`` to overrid
 Usage::
 
     # the known-good H200 / CUDA 13 / Python 3.12 node profile (writes .wh/c1, c2, ..., install.sh)
-    python scripts/wheelhouse.py build --profile h200-cu130-py312 --out .wh
+    python node/wheelhouse.py build --profile h200-cu130-py312 --out .wh
 
     # the same wheels, exactly, from the committed lock (no resolution)
-    python scripts/wheelhouse.py build --lock locks/sglang-0.5.17-h200-cu130-py312.lock --out .wh
+    python node/wheelhouse.py build --lock node/locks/sglang-0.5.17-h200-cu130-py312.lock --out .wh
 
     # a custom node
-    python scripts/wheelhouse.py build --sglang 0.5.17 --python-version 3.12 \\
+    python node/wheelhouse.py build --sglang 0.5.17 --python-version 3.12 \\
         --node-freeze node.freeze.txt --pin transformers==5.12.1 --exclude flash-attn-4 \\
         --strip sglang-kernel:sm100/ --chunk-mb 60 --out /tmp/wh
 
     # check a folder (flat, or with c1/ c2/ ... subfolders) against a lock
-    python scripts/wheelhouse.py verify --lock locks/sglang-0.5.17-h200-cu130-py312.lock .wh
+    python node/wheelhouse.py verify --lock node/locks/sglang-0.5.17-h200-cu130-py312.lock .wh
 
     # compare a lock with a plain list of wheel filenames
-    python scripts/wheelhouse.py diff --lock .wh/sglang-0.5.17-h200-cu130-py312.lock wheels.txt
+    python node/wheelhouse.py diff --lock .wh/sglang-0.5.17-h200-cu130-py312.lock wheels.txt
 
 On the node (chunks copied one by one into /tmp/wh, flat or as /tmp/wh/c1, /tmp/wh/c2, ...)::
 
@@ -70,12 +70,17 @@ from collections.abc import Iterable, Sequence
 from email.parser import HeaderParser
 from pathlib import Path
 
+# ferry.py (beside this file: the script's folder is on sys.path) is standard library only and
+# runs on the node before anything is installed; the file hash and the lock-line reader live
+# there, once.
+from ferry import lock_line, sha256_file
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+LOCKS = Path(__file__).resolve().parent / "locks"
 LOCK_HEADER = "# wheelhouse lock v1"
 MB = 1_000_000
 
@@ -118,7 +123,7 @@ class Profile:
     # Shipped although the node has a copy: the node's copy is at an unknown version in the
     # freeze (so it would "satisfy" any pin) but is known not to work with what we ship.
     replace_node: list[str] = dataclasses.field(default_factory=list)
-    # Wheels larger than a chunk go to OUT/big/ (carried in parts with scripts/ferry.py)
+    # Wheels larger than a chunk go to OUT/big/ (carried in parts with node/ferry.py)
     # instead of failing the build.
     ferry_large: bool = False
 
@@ -127,7 +132,7 @@ PROFILES: dict[str, Profile] = {
     "h200-cu130-py312": Profile(
         sglang="0.5.17",
         python_version="3.12.3",
-        node_freeze=REPO_ROOT / "locks" / "node-h200-cu130-py312.freeze.txt",
+        node_freeze=LOCKS / "node-h200-cu130-py312.freeze.txt",
         # The node's transformers 5.17 breaks SGLang 0.5.17 at import ("'qwen3_asr' is already
         # used by a Transformers config"); 5.12.1 is what sglang pins, 0.22.2 the tokenizers
         # that served with it (the node's 0.23.2 is outside transformers' <=0.23.0 anyway).
@@ -159,7 +164,7 @@ PROFILES: dict[str, Profile] = {
         # raw) is SGLang's attention backend of choice on Hopper and FlashMLA its MLA kernel
         # there. Without them (and sm100, Blackwell only) sglang-kernel is ~22 MB and serves
         # with the triton and flashinfer backends only. The unstripped wheel (its sha256 is
-        # the lock's upstream-sha256) travels in parts with scripts/ferry.py.
+        # the lock's upstream-sha256) travels in parts with node/ferry.py.
         strips=[
             "sglang-kernel:flash_ops.abi3.so",
             "sglang-kernel:flashmla_ops.abi3.so",
@@ -174,8 +179,8 @@ PROFILES: dict[str, Profile] = {
         chunk_mb=60,
         notes=[
             "Node: H200, CUDA 13, Python 3.12.3, torch 2.11.0+cu130 preinstalled, no network;",
-            "its packages: locks/node-h200-cu130-py312.freeze.txt.  Built with",
-            "  python scripts/wheelhouse.py build --profile h200-cu130-py312 --out .wh",
+            "its packages: node/locks/node-h200-cu130-py312.freeze.txt.  Built with",
+            "  python node/wheelhouse.py build --profile h200-cu130-py312 --out .wh",
             "Against the wheel list that served SGLang 0.5.17 with EAGLE-3 on that node on",
             "2026-11-29 (the node's own wheel list, cp312), `wheelhouse.py diff`",
             "reports the same 76 filenames.  What it took to get there:",
@@ -187,14 +192,14 @@ PROFILES: dict[str, Profile] = {
             "- the sha256 of the stripped sglang_kernel is that of this tool's rewrite; the list",
             "  records no hashes, so byte identity with the node's copy is not claimed.",
         ],
-        lock=REPO_ROOT / "locks" / "sglang-0.5.17-h200-cu130-py312.lock",
+        lock=LOCKS / "sglang-0.5.17-h200-cu130-py312.lock",
     ),
     # SGLang 0.5.23, beside 0.5.17: torch 2.14.1, triton 3.8, sglang-kernel 0.4.10 unstripped,
     # flashinfer 0.7.2; installed into its own --target so the 0.5.17 profile keeps working.
     "h200-cu130-py312-sglang0.5.23": Profile(
         sglang="0.5.23",
         python_version="3.12.3",
-        node_freeze=REPO_ROOT / "locks" / "node-h200-cu130-py312.freeze.txt",
+        node_freeze=LOCKS / "node-h200-cu130-py312.freeze.txt",
         pins=[],
         excludes=[
             "flash-attn-4", "tilelang", "humming-kernels",
@@ -225,23 +230,23 @@ PROFILES: dict[str, Profile] = {
         ferry_large=True,
         notes=[
             "Node: H200, CUDA 13, Python 3.12.3, torch 2.11.0+cu130 preinstalled, no network;",
-            "its packages: locks/node-h200-cu130-py312.freeze.txt.  Built with",
-            "  python scripts/wheelhouse.py build --profile h200-cu130-py312-sglang0.5.23 "
+            "its packages: node/locks/node-h200-cu130-py312.freeze.txt.  Built with",
+            "  python node/wheelhouse.py build --profile h200-cu130-py312-sglang0.5.23 "
             "--out .wh523",
             "Installed with --target /tmp/site523 beside the 0.5.17 profile's /tmp/site.",
             "Wheels over 60 MB (torch, triton, sglang-kernel, nccl, flashinfer) are in big/ and",
-            "travel in parts: scripts/ferry.py split, gpu_node.sh ferry-recv / ferry-join.",
+            "travel in parts: node/ferry.py split, gpu_node.sh ferry-recv / ferry-join.",
             "Node libraries used instead of torch 2.14.1's pins (ABI-checked with nm -D):",
             "  cuda-toolkit 13.0.2 libs (cublas 13.1.0.3), nvidia-cudnn-cu13, cusparselt,",
             "  nvshmem 3.4.5.  Shipped although the node has one: nvidia-nccl-cu13 (torch",
             "  2.14.1 calls NCCL 2.30 functions), torchvision (the node's is built for 2.11).",
             "  The node's versions, as pip listed them there on 2026-12-01:",
-            "  locks/node-h200-cu130-py312.pip-list-2026-12-01.txt.",
+            "  node/locks/node-h200-cu130-py312.pip-list-2026-12-01.txt.",
             "nvidia-cutlass-dsl with its cu13 libraries (not cu12): SGLang 0.5.23's LlamaMLP",
             "  imports `cutlass` on Hopper; its .pth file does not run from a --target site, so",
             "  gpu_node.sh puts nvidia_cutlass_dsl/dsl_packages on PYTHONPATH.",
         ],
-        lock=REPO_ROOT / "locks" / "sglang-0.5.23-h200-cu130-py312.lock",
+        lock=LOCKS / "sglang-0.5.23-h200-cu130-py312.lock",
     ),
 }
 
@@ -661,7 +666,7 @@ def plan_chunks(
     return [sorted(chunk) for chunk in chunks]
 
 
-# What the fixture pipelines train with before SGLang is installed (scripts/gpu_node.sh
+# What the fixture pipelines train with before SGLang is installed (node/gpu_node.sh
 # speed-start / suite-start carry chunk s1 alone): transformers/tokenizers pinned like
 # SGLang's, speculators and what it imports (speculators.train.data imports openai).
 TRAINING_FIRST = (
@@ -682,15 +687,6 @@ def plan_chunks_first(
     if missing:
         raise WheelhouseError(f"no wheel for {', '.join(sorted(missing))} in the folder")
     return plan_chunks(sizes, limit_bytes, first=head)
-
-
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file, read in blocks."""
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 @dataclasses.dataclass
@@ -720,9 +716,9 @@ def render_lock(lock: Lock) -> str:
         LOCK_HEADER,
         "# Exact wheel set: filename, sha256 and size of the file that is installed (for a",
         "# stripped wheel also the sha256 of the upstream file).  Check a folder with",
-        "#   python scripts/wheelhouse.py verify --lock THIS_FILE DIR",
+        "#   python node/wheelhouse.py verify --lock THIS_FILE DIR",
         "# and download it again with",
-        "#   python scripts/wheelhouse.py build --lock THIS_FILE --out DIR",
+        "#   python node/wheelhouse.py build --lock THIS_FILE --out DIR",
     ]
     for note in lock.notes:  # long generated notes are wrapped; comments are not parsed
         lines += textwrap.wrap(note, 98, initial_indent="# ", subsequent_indent="#   ") or ["#"]
@@ -757,8 +753,7 @@ def read_lock(path: Path) -> Lock:
             else:
                 raise WheelhouseError(f"{path}: unknown lock option {key!r}")
             continue
-        filename, *fields = line.split()
-        attrs = dict(f.split("=", 1) for f in fields)
+        filename, attrs = lock_line(line)
         lock.entries.append(
             LockEntry(filename, attrs["sha256"], int(attrs["size"]), attrs.get("upstream-sha256"))
         )
@@ -806,7 +801,7 @@ def render_install_sh(lock: Lock, title: str) -> str:
     entries = sorted(lock.entries, key=lambda e: e.filename.lower())
     listing = "\n".join(f"  {e.sha256}  {e.filename}" for e in entries)
     return f"""#!/usr/bin/env bash
-# Offline install of {title}: {len(entries)} wheels, generated by scripts/wheelhouse.py.
+# Offline install of {title}: {len(entries)} wheels, generated by node/wheelhouse.py.
 #
 # The wheels may sit next to this script or in chunk folders c1/ c2/ ... beside it, or in
 # $WHEELS (flat or chunked).  Chunks can be copied into one folder, e.g.
@@ -889,7 +884,7 @@ def write_output(
     """Lay out ``out``: chunk folders, install.sh and the lock; return [(chunk, bytes)].
 
     With ``ferry_large`` a wheel larger than a chunk goes to ``out/big/`` (for
-    ``scripts/ferry.py split``) instead of failing the build.
+    ``node/ferry.py split``) instead of failing the build.
 
     Previous chunk folders, install.sh and ``*.lock`` in ``out`` are replaced so a re-run never
     mixes wheel sets.  ``lock_text`` (a lock that was built from) is copied verbatim, so its
@@ -1150,7 +1145,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--ferry-large",
         action="store_true",
-        help="put wheels over a chunk in OUT/big/ for scripts/ferry.py (default: the profile's)",
+        help="put wheels over a chunk in OUT/big/ for node/ferry.py (default: the profile's)",
     )
     b.set_defaults(func=cmd_build)
 

@@ -1,58 +1,85 @@
 #!/usr/bin/env bash
 # The GPU-node procedure, one subcommand per step (each fits one `device` call; the machine
 # keeps /tmp while it stays warm). Air-gapped H200 node: Python 3.12 with torch preinstalled.
+# Run from the repository root; every subcommand of the `case` below is listed here
+# (tests/test_node_scripts.py checks that this header and the `case` agree).
 #
-#   bash scripts/gpu_node.sh stage c1 [c2 ...]   copy carried wheel chunks (.wh/cN) to /tmp/wh
-#   bash scripts/gpu_node.sh install             pip --target /tmp/site: wheels + this project
-#   bash scripts/gpu_node.sh fixtures [args]     train the fixtures into /tmp/fixtures
-#   bash scripts/gpu_node.sh patched VERSION     patched copy of SGLang in /tmp/site_patched
-#   bash scripts/gpu_node.sh test [pytest args]  pytest -m gpu tests/gpu (results -> $OUT)
+#   bash node/gpu_node.sh stage c1 [c2 ...]    copy carried wheel chunks (.wh/cN) to /tmp/wh
+#   bash node/gpu_node.sh install              pip --target /tmp/site: wheels + this project
+#   bash node/gpu_node.sh fixtures [args]      train the fixtures into /tmp/fixtures
+#   bash node/gpu_node.sh patched VERSION      patched copy of SGLang in /tmp/site_patched
+#   bash node/gpu_node.sh test [pytest args]   pytest -m gpu tests/gpu (results -> $OUT)
 #
 # Speed benchmark, chunks from the training-first split .wh/s1..sN:
-#   bash scripts/gpu_node.sh speed-start [bench args]
-#                                                stage s1, install the training subset into
-#                                                /tmp/site-train, start fixtures + benchmark in
-#                                                the background (setsid; runs while warm)
-#   bash scripts/gpu_node.sh stage s2; ... stage s3 && bash scripts/gpu_node.sh install
-#                                                (install also releases the pipeline's widen stage)
-#   bash scripts/gpu_node.sh speed-wait [SECS]   watch; fixture manifest + results -> $OUT
-#   bash scripts/gpu_node.sh speed-bench [args]  scripts/bench_speed.py -> $OUT (fixtures ready)
+#   bash node/gpu_node.sh speed-start [bench args]
+#                                              stage s1, install the training subset into
+#                                              /tmp/site-train, start fixtures + benchmark in
+#                                              the background (setsid; runs while warm)
+#   bash node/gpu_node.sh stage s2; ... stage s3 && bash node/gpu_node.sh install
+#                                              (install also releases the pipeline's widen stage)
+#   bash node/gpu_node.sh speed-wait [SECS]    watch; fixture manifest + results -> $OUT
+#   bash node/gpu_node.sh speed-bench [args]   python -m sglang_ext_tools.bench_speed -> $OUT
+#                                              (fixtures ready)
+#
+# Where a verify cycle's time goes (stock SGLang, dummy 8B-shaped weights, tau ~ 1):
+#   bash node/gpu_node.sh dummy-profile-start  carry .wh/s1: start the profile detached; then
+#                                              stage s2 ...; stage sN && install
+#   bash node/gpu_node.sh dummy-profile-wait [SECS]
+#                                              watch; results, traces, server logs -> $OUT
 #
 # The whole GPU suite with the seed case, chunks from the training-first split:
-#   bash scripts/gpu_node.sh suite-start [pytest args]
-#                                                stage s1, install the training subset, start
-#                                                make_fixtures (bf16 reference) || make_mla_fixtures,
-#                                                then (after `install`) the patched copy and
-#                                                pytest -m gpu, detached
-#   bash scripts/gpu_node.sh stage s2 ...; stage sN && bash scripts/gpu_node.sh install
-#   bash scripts/gpu_node.sh suite-wait [SECS]   watch; results + fixture manifests -> $OUT
+#   bash node/gpu_node.sh suite-start [pytest args]
+#                                              stage s1, install the training subset, start
+#                                              make_fixtures (bf16 reference) || make_mla_fixtures,
+#                                              then (after `install`) the patched copy and
+#                                              pytest -m gpu, detached
+#   bash node/gpu_node.sh stage s2 ...; stage sN && bash node/gpu_node.sh install
+#   bash node/gpu_node.sh suite-wait [SECS]    watch; results + fixture manifests -> $OUT
 #
 # Files larger than a call (the unstripped sglang-kernel with FA3 + FlashMLA, torch 2.14.1):
-#   python scripts/ferry.py split FILE           here; then one call per part, back to back:
-#   bash scripts/gpu_node.sh ferry-recv          carry .ferry/FILE/part-KK + .ferry/FILE/manifest.json
-#   bash scripts/gpu_node.sh ferry-join LOCK     every complete file into /tmp/wh, checked against
-#                                                LOCK (sha256 or upstream-sha256); a stripped copy
-#                                                of the same name is set aside, then `install`
+#   python node/ferry.py split FILE            here; then one call per part, back to back:
+#   bash node/gpu_node.sh ferry-recv           carry .ferry/FILE/part-KK + .ferry/FILE/manifest.json
+#   bash node/gpu_node.sh ferry-join LOCK      every complete file into /tmp/wh, checked against
+#                                              LOCK (sha256 or upstream-sha256); a stripped copy
+#                                              of the same name is set aside, then `install`
 #
 # SGLang 0.5.23 (GPU 0) and 0.5.17 (GPU 1) side by side on nvidia-h200-x2:
-#   bash scripts/gpu_node.sh dual-start          carry .wh/s1: training subset, fixtures start
-#                                                (both fixture scripts + the window drafter)
-#   bash scripts/gpu_node.sh ferry-recv          carry .ferry/BUNDLE/part-KK + manifest.json,
-#                                                one call per part (BUNDLE: see README)
-#   bash scripts/gpu_node.sh dual-install BUNDLE join + check the bundle, install 0.5.17 into
-#                                                /tmp/site and 0.5.23 into /tmp/site523
-#   bash scripts/gpu_node.sh dual-wait [SECS]    watch; both suites' results -> $OUT/sglangV/
+#   bash node/gpu_node.sh dual-start           carry .wh/s1: training subset, fixtures start
+#                                              (both fixture builders + the window drafter)
+#   bash node/gpu_node.sh ferry-recv           carry .ferry/BUNDLE/part-KK + manifest.json,
+#                                              one call per part (BUNDLE: see README)
+#   bash node/gpu_node.sh dual-install BUNDLE  join + check the bundle, install 0.5.17 into
+#                                              /tmp/site and 0.5.23 into /tmp/site523
+#   bash node/gpu_node.sh smoke SITE GPU       optional: one plugin server on SITE, one request
+#   bash node/gpu_node.sh dual-go              release both suites with the newest checkout
+#   bash node/gpu_node.sh dual-wait [SECS]     watch; both suites' results -> $OUT/sglangV/
 #
 # SGLang 0.5.23 alone on one nvidia-h200 (the suite, the patched copy, the seed case):
-#   bash scripts/gpu_node.sh one-start          carry .wh/s1 (training subset): the fixtures
-#                                                start (both scripts, one GPU)
-#   bash scripts/gpu_node.sh ferry-recv          carry .ferry/BUNDLE/part-KK + manifest.json,
-#                                                one call per part, back to back
-#   bash scripts/gpu_node.sh one-install BUNDLE  join + check + install 0.5.23 into /tmp/site523;
-#                                                the suite starts once the fixtures are done
-#   bash scripts/gpu_node.sh one-wait [SECS]     watch; results + logs -> $OUT
+#   bash node/gpu_node.sh one-start            carry .wh/s1 (training subset): the fixtures
+#                                              start (both builders, one GPU)
+#   bash node/gpu_node.sh ferry-recv           carry .ferry/BUNDLE/part-KK + manifest.json,
+#                                              one call per part, back to back
+#   bash node/gpu_node.sh one-install BUNDLE   join + check + install 0.5.23 into /tmp/site523;
+#                                              the suite starts once the fixtures are done
+#   bash node/gpu_node.sh one-wait [SECS]      watch; results + logs -> $OUT
 #
-# Wheel chunks come from: python scripts/wheelhouse.py build --profile h200-cu130-py312 --out .wh
+# Steps the ones above run (detached pipelines and their parts; callable by hand):
+#   bash node/gpu_node.sh suite-pipeline       suite-start's pipeline (from /tmp/repo)
+#   bash node/gpu_node.sh speed-pipeline       speed-start's pipeline (from /tmp/repo)
+#   bash node/gpu_node.sh dummy-profile        dummy-profile-start's pipeline (from /tmp/repo)
+#   bash node/gpu_node.sh dual-pipeline        dual-start's pipeline (from /tmp/repo)
+#   bash node/gpu_node.sh one-pipeline         one-start's pipeline (from /tmp/repo)
+#   bash node/gpu_node.sh suite-on VERSION SITE GPU PORT_BASE
+#                                              the patched copy of that SGLang, then its suite
+#   bash node/gpu_node.sh public-on SITE PORT_BASE
+#                                              the published-drafter corpus alone (dummy targets)
+#   bash node/gpu_node.sh install-site WHEEL...
+#                                              wheels + this project into $SGLANG_EXT_SITE
+#   bash node/gpu_node.sh install-523          0.5.23's site in /tmp/site523 (from /tmp/wh523)
+#   bash node/gpu_node.sh site-check           versions and plugins importable from $SGLANG_EXT_SITE
+#   bash node/gpu_node.sh pyrun CMD...         CMD with $SGLANG_EXT_SITE's PYTHONPATH
+#
+# Wheel chunks come from: python node/wheelhouse.py build --profile h200-cu130-py312 --out .wh
 set -euo pipefail
 WH=/tmp/wh SITE=${SGLANG_EXT_SITE:-/tmp/site} FIX=/tmp/fixtures MLA=/tmp/mla SUITE=/tmp/suite
 LOGS=${SGLANG_EXT_LOG_DIR:-/tmp/sglang-ext-logs} PATCHED=${SGLANG_EXT_PATCHED_DIR:-/tmp/site_patched}
@@ -68,7 +95,7 @@ fi
 
 # The detached pipelines run from their own copy: each device call re-syncs the checkout.
 copy_repo() {
-    rm -rf /tmp/repo && mkdir /tmp/repo && cp -r scripts sglang_ext sglang_ext_tools tests patches pyproject.toml /tmp/repo/
+    rm -rf /tmp/repo && mkdir /tmp/repo && cp -r scripts node sglang_ext sglang_ext_tools tests patches pyproject.toml /tmp/repo/
 }
 # Stage the training subset, copy the checkout and start `gpu_node.sh PIPELINE` from the copy
 # in a new session (it outlives this call), its log in DIR/pipeline.log; the remaining
@@ -79,7 +106,7 @@ start_detached() {
     mkdir -p "$dir"
     train_site
     copy_repo
-    env "$var=$*" setsid nohup bash /tmp/repo/scripts/gpu_node.sh "$pipeline" \
+    env "$var=$*" setsid nohup bash /tmp/repo/node/gpu_node.sh "$pipeline" \
         >"$dir/pipeline.log" 2>&1 </dev/null &
     sleep 2
     cat "$dir/pipeline.log"
@@ -87,7 +114,7 @@ start_detached() {
 # The newest checkout for a detached pipeline to pick up later (never the copy it runs from).
 sync_latest() {
     rm -rf /tmp/repo-next && mkdir /tmp/repo-next
-    cp -r scripts sglang_ext sglang_ext_tools tests patches locks pyproject.toml /tmp/repo-next/
+    cp -r scripts node sglang_ext sglang_ext_tools tests patches pyproject.toml /tmp/repo-next/
     rm -rf /tmp/repo-latest && mv /tmp/repo-next /tmp/repo-latest
 }
 # make_fixtures (VARIANTS, bf16 reference) || make_mla_fixtures, on GPU FIX_GPU and MLA_GPU
@@ -98,14 +125,15 @@ sync_latest() {
 train_fixtures() {
     rm -f "$FIX/READY" "$FIX/FAILED" "$MLA/READY" "$MLA/FAILED"
     # shellcheck disable=SC2086  # flags, split on purpose
-    (env ${2:+CUDA_VISIBLE_DEVICES=$2} PYTHONPATH="$TRAIN_SITE" python3 scripts/make_fixtures.py \
-        --out "$FIX" --scale full --device cuda --ref-dtype bfloat16 --overwrite \
+    (env ${2:+CUDA_VISIBLE_DEVICES=$2} PYTHONPATH="$TRAIN_SITE" \
+        python3 -m sglang_ext_tools.fixtures.make_fixtures --out "$FIX" --scale full --device cuda \
+        --ref-dtype bfloat16 --overwrite \
         --variants "$1" ${FIXTURE_REF_ARGS:---ref-prompts 16 --ref-prompts-other 8 --window-ref-prompts 8} \
         >"$SUITE/fixtures.log" 2>&1 && touch "$FIX/READY") || { mkdir -p "$FIX"; touch "$FIX/FAILED"; false; } &
     local p1=$!
-    (env ${3:+CUDA_VISIBLE_DEVICES=$3} PYTHONPATH="$TRAIN_SITE" python3 \
-        scripts/make_mla_fixtures.py --stage all --out "$MLA" --device cuda >"$SUITE/mla.log" 2>&1 \
-        && touch "$MLA/READY") || { mkdir -p "$MLA"; touch "$MLA/FAILED"; false; } &
+    (env ${3:+CUDA_VISIBLE_DEVICES=$3} PYTHONPATH="$TRAIN_SITE" \
+        python3 -m sglang_ext_tools.fixtures.make_mla_fixtures --stage all --out "$MLA" \
+        --device cuda >"$SUITE/mla.log" 2>&1 && touch "$MLA/READY") || { mkdir -p "$MLA"; touch "$MLA/FAILED"; false; } &
     local p2=$!
     ok=1
     wait "$p1" || ok=0
@@ -125,7 +153,7 @@ train_site() {
         .wh/s1/*.whl
 }
 
-step=${1:?usage: gpu_node.sh stage|install|fixtures|patched|test}
+step=${1:?usage: gpu_node.sh STEP [ARGS...] (the steps: see the header of node/gpu_node.sh)}
 shift
 case "$step" in
 stage)
@@ -136,7 +164,7 @@ stage)
 ferry-recv)
     mkdir -p /tmp/ferry && cp -r .ferry/. /tmp/ferry/
     for manifest in /tmp/ferry/*/manifest.json; do
-        python3 scripts/ferry.py status "$manifest" || true
+        python3 node/ferry.py status "$manifest" || true
     done
     ;;
 ferry-join)
@@ -145,11 +173,11 @@ ferry-join)
     for manifest in /tmp/ferry/*/manifest.json; do
         name=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["file"])' "$manifest")
         [ -f "$WH/$name" ] && mv "$WH/$name" "$WH/$name.stripped"
-        python3 scripts/ferry.py join "$manifest" --out "$WH" --lock "$lock"
+        python3 node/ferry.py join "$manifest" --out "$WH" --lock "$lock"
     done
     ;;
 install)
-    bash scripts/gpu_node.sh install-site "$WH"/*.whl
+    bash node/gpu_node.sh install-site "$WH"/*.whl
     touch "$INSTALLED"
     ;;
 suite-start)
@@ -164,10 +192,10 @@ suite-pipeline)
     train_fixtures llama,llama3layer,random,qwen3,sglang4layer "" ""
     while [ ! -f "$INSTALLED" ]; do sleep 2; done
     if [ "$ok" = 1 ]; then
-        bash scripts/gpu_node.sh patched 0.5.17 >"$SUITE/patched.log" 2>&1 || true
+        bash node/gpu_node.sh patched 0.5.17 >"$SUITE/patched.log" 2>&1 || true
         # shellcheck disable=SC2086  # pytest flags, split on purpose
         OUT="$SUITE/result" SGLANG_EXT_MLA_FIXTURES="$MLA" timeout -s INT "${SUITE_LIMIT:-900}" \
-            bash scripts/gpu_node.sh test ${SUITE_PYTEST_ARGS:-} || true
+            bash node/gpu_node.sh test ${SUITE_PYTEST_ARGS:-} || true
         touch "$SUITE/DONE"
     else
         touch "$SUITE/FAILED"
@@ -192,7 +220,7 @@ speed-pipeline)
     #      -> widen-drafters -> speed-bench; ends with DONE or FAILED. Runs detached, so no
     # idle gap between device calls can lose it: `speed-wait` only watches.
     cd /tmp/repo
-    run() { PYTHONPATH="$1" python3 scripts/make_speed_fixtures.py --out "$SPEED" "${@:2}"; }
+    run() { PYTHONPATH="$1" python3 -m sglang_ext_tools.fixtures.make_speed_fixtures --out "$SPEED" "${@:2}"; }
     ok=0
     if run "$TRAIN_SITE" --stage base; then
         while [ ! -f "$INSTALLED" ]; do sleep 2; done
@@ -209,7 +237,7 @@ speed-pipeline)
     if [ "$ok" = 1 ]; then
         # shellcheck disable=SC2086  # bench flags, split on purpose
         OUT="$SPEED/result" PYTHONPATH="$SITE" timeout -s INT "${SPEED_BENCH_LIMIT:-560}" \
-            bash scripts/gpu_node.sh speed-bench ${SPEED_BENCH_ARGS:-} || true
+            bash node/gpu_node.sh speed-bench ${SPEED_BENCH_ARGS:-} || true
         touch "$SPEED/DONE"
     else
         touch "$SPEED/FAILED"
@@ -219,14 +247,14 @@ dummy-profile-start)
     # Stock SGLang, dummy 8B-shaped weights, tau ~ 1: where a verify cycle's time goes.
     mkdir -p "$WH" && cp .wh/s1/*.whl "$WH"/
     copy_repo
-    setsid nohup bash /tmp/repo/scripts/gpu_node.sh dummy-profile >/tmp/dummy.log 2>&1 \
+    setsid nohup bash /tmp/repo/node/gpu_node.sh dummy-profile >/tmp/dummy.log 2>&1 \
         </dev/null &
     ;;
 dummy-profile)
     cd /tmp/repo
     while [ ! -f "$INSTALLED" ]; do sleep 2; done
-    python3 scripts/make_dummy_8b.py /tmp/dummy
-    SGLANG_PLUGINS=__no_plugin__ timeout -s INT 400 python3 scripts/bench_speed.py \
+    python3 -m sglang_ext_tools.fixtures.make_dummy_8b /tmp/dummy
+    SGLANG_PLUGINS=__no_plugin__ timeout -s INT 400 python3 -m sglang_ext_tools.bench_speed \
         --target /tmp/dummy/target --drafter /tmp/dummy/drafter \
         --prompts /tmp/dummy/prompts.jsonl --settings 5,1,6 --batches 1 --rounds 1 \
         --max-new-tokens 128 --mem-fraction 0.95 --max-total-tokens 8192 \
@@ -254,7 +282,7 @@ speed-wait)
     ;;
 speed-bench)
     mkdir -p "$OUT"
-    python3 scripts/bench_speed.py --target "$SPEED/target-8b" \
+    python3 -m sglang_ext_tools.bench_speed --target "$SPEED/target-8b" \
         --drafter "$SPEED/drafter-8b-nbr-true" \
         --drafter-nbr-false "$SPEED/drafter-8b-nbr-false" \
         --drafter-nbr-false-sglang "$SPEED/drafter-8b-nbr-false-sglang" \
@@ -266,7 +294,8 @@ speed-bench)
     exit "$status"
     ;;
 fixtures)
-    python3 scripts/make_fixtures.py --out "$FIX" --scale full --device cuda "$@" 2>&1 | tee "$OUT/fixtures.log"
+    python3 -m sglang_ext_tools.fixtures.make_fixtures --out "$FIX" --scale full --device cuda "$@" \
+        2>&1 | tee "$OUT/fixtures.log"
     cp "$FIX/fixtures.json" "$OUT/"
     ;;
 patched)
@@ -302,9 +331,9 @@ dual-pipeline)
     if [ "$ok" = 1 ]; then
         rm -rf /tmp/repo-suite && cp -r /tmp/repo-latest /tmp/repo-suite && cd /tmp/repo-suite
         gpus=$(nvidia-smi -L | wc -l)
-        bash scripts/gpu_node.sh suite-on 0.5.23 /tmp/site523 0 32000 &
+        bash node/gpu_node.sh suite-on 0.5.23 /tmp/site523 0 32000 &
         s1=$!
-        bash scripts/gpu_node.sh suite-on 0.5.17 /tmp/site $((gpus > 1 ? 1 : 0)) 31000 &
+        bash node/gpu_node.sh suite-on 0.5.17 /tmp/site $((gpus > 1 ? 1 : 0)) 31000 &
         s2=$!
         wait "$s1" || true
         wait "$s2" || true
@@ -319,10 +348,10 @@ suite-on)
     mkdir -p "$res"
     export SGLANG_EXT_SITE=$2 SGLANG_EXT_PATCHED_DIR=/tmp/site_patched-$1
     export SGLANG_EXT_LOG_DIR=/tmp/sglang-ext-logs-$1 PYTHONPATH=$2
-    bash scripts/gpu_node.sh patched "$version" >"$res/patched.log" 2>&1 || true
+    bash node/gpu_node.sh patched "$version" >"$res/patched.log" 2>&1 || true
     # shellcheck disable=SC2086  # pytest flags, split on purpose
     CUDA_VISIBLE_DEVICES=$3 SGLANG_EXT_PORT_BASE=$4 OUT="$res" SGLANG_EXT_MLA_FIXTURES="$MLA" \
-        timeout -s INT "${SUITE_LIMIT:-900}" bash scripts/gpu_node.sh test ${SUITE_PYTEST_ARGS:-}
+        timeout -s INT "${SUITE_LIMIT:-900}" bash node/gpu_node.sh test ${SUITE_PYTEST_ARGS:-}
     ;;
 one-start)
     mkdir -p "$SUITE"
@@ -338,8 +367,10 @@ one-pipeline)
     train_fixtures "${FIXTURE_VARIANTS:-llama,llama3layer,random,qwen3,sglang4layer,window}" "" "" &
     while [ ! -f "$INSTALLED" ]; do sleep 2; done
     rm -rf /tmp/repo-suite && cp -r /tmp/repo-latest /tmp/repo-suite && cd /tmp/repo-suite
-    SGLANG_EXT_FIXTURES_WAIT_S=${FIXTURES_WAIT_S:-900} SUITE_LIMIT=${SUITE_LIMIT:-1200} \
-        bash scripts/gpu_node.sh suite-on 0.5.23 /tmp/site523 0 32000 || true
+    # 2026-12-01: install done at 305 s of device time, the suite ~1,300 s after it; the limit
+    # (SIGINT: the results file is written after every test anyway) leaves ~2 min to collect.
+    SGLANG_EXT_FIXTURES_WAIT_S=${FIXTURES_WAIT_S:-900} SUITE_LIMIT=${SUITE_LIMIT:-1380} \
+        bash node/gpu_node.sh suite-on 0.5.23 /tmp/site523 0 32000 || true
     touch "$SUITE/DONE"
     ;;
 public-on)
@@ -348,16 +379,16 @@ public-on)
     mkdir -p "$res"
     export SGLANG_EXT_SITE=$1 SGLANG_EXT_LOG_DIR=/tmp/sglang-ext-logs-public PYTHONPATH=$1
     SGLANG_EXT_PORT_BASE=$2 OUT="$res" SUITE_PATHS=tests/gpu/test_public_configs.py \
-        timeout -s INT "${PUBLIC_LIMIT:-420}" bash scripts/gpu_node.sh test
+        timeout -s INT "${PUBLIC_LIMIT:-420}" bash node/gpu_node.sh test
     ;;
 one-install)
     bundle=${1:?usage: gpu_node.sh one-install BUNDLE_NAME}
-    python3 scripts/ferry.py join "/tmp/ferry/$bundle/manifest.json" --parts "/tmp/ferry/$bundle" \
+    python3 node/ferry.py join "/tmp/ferry/$bundle/manifest.json" --parts "/tmp/ferry/$bundle" \
         --out /tmp
     rm -rf /tmp/bundle && mkdir -p /tmp/bundle /tmp/wh523 && tar -xf "/tmp/$bundle" -C /tmp/bundle
     cp /tmp/bundle/523/*/*.whl /tmp/wh523/
-    python3 scripts/wheelhouse.py verify --lock locks/sglang-0.5.23-h200-cu130-py312.lock /tmp/wh523
-    bash scripts/gpu_node.sh install-523
+    python3 node/wheelhouse.py verify --lock node/locks/sglang-0.5.23-h200-cu130-py312.lock /tmp/wh523
+    bash node/gpu_node.sh install-523
     sync_latest
     touch "$INSTALLED"
     ls "$SUITE"
@@ -394,7 +425,7 @@ smoke)
         tgt=sglang_ext/data/demo/target drf=sglang_ext/data/demo/drafter load=(--load-format dummy)
     fi
     log="$OUT/smoke-$(basename "$site").log"
-    env -u PYTHONPATH CUDA_VISIBLE_DEVICES=$gpu SGLANG_EXT_SITE=$site bash scripts/gpu_node.sh pyrun \
+    env -u PYTHONPATH CUDA_VISIBLE_DEVICES=$gpu SGLANG_EXT_SITE=$site bash node/gpu_node.sh pyrun \
         timeout 280 python3 -m sglang.launch_server \
         --model-path "$tgt" "${load[@]}" --speculative-draft-model-path "$drf" \
         --speculative-algorithm EAGLE3 --speculative-num-steps 3 --speculative-eagle-topk 1 \
@@ -417,17 +448,17 @@ smoke)
     ;;
 dual-install)
     bundle=${1:?usage: gpu_node.sh dual-install BUNDLE_NAME}
-    python3 scripts/ferry.py join "/tmp/ferry/$bundle/manifest.json" --parts "/tmp/ferry/$bundle" \
+    python3 node/ferry.py join "/tmp/ferry/$bundle/manifest.json" --parts "/tmp/ferry/$bundle" \
         --out /tmp
     rm -rf /tmp/bundle && mkdir -p /tmp/bundle && tar -xf "/tmp/$bundle" -C /tmp/bundle
     mkdir -p /tmp/wh523 && cp /tmp/bundle/523/*/*.whl /tmp/wh523/
     cp /tmp/bundle/517/*/*.whl "$WH"/
-    python3 scripts/wheelhouse.py verify --lock locks/sglang-0.5.23-h200-cu130-py312.lock /tmp/wh523
-    python3 scripts/wheelhouse.py verify --lock locks/sglang-0.5.17-h200-cu130-py312.lock "$WH" \
+    python3 node/wheelhouse.py verify --lock node/locks/sglang-0.5.23-h200-cu130-py312.lock /tmp/wh523
+    python3 node/wheelhouse.py verify --lock node/locks/sglang-0.5.17-h200-cu130-py312.lock "$WH" \
         --ignore-extra
-    SGLANG_EXT_SITE=/tmp/site bash scripts/gpu_node.sh install-site "$WH"/*.whl &
+    SGLANG_EXT_SITE=/tmp/site bash node/gpu_node.sh install-site "$WH"/*.whl &
     p1=$!
-    bash scripts/gpu_node.sh install-523
+    bash node/gpu_node.sh install-523
     wait "$p1"
     touch "$INSTALLED"
     ;;
@@ -439,7 +470,7 @@ install-523)
     for n in speculators hs_connectors datasets multiprocess pydantic_settings python_dotenv loguru; do
         compgen -G "/tmp/wh523/$n-*.whl" >/dev/null || extras+=("$WH"/"$n"-*.whl)
     done
-    SITE_CHECK=0 SGLANG_EXT_SITE=/tmp/site523 bash scripts/gpu_node.sh install-site \
+    SITE_CHECK=0 SGLANG_EXT_SITE=/tmp/site523 bash node/gpu_node.sh install-site \
         /tmp/wh523/*.whl "${extras[@]}"
     node_nvidia=$(python3 -c 'import nvidia, os; print(os.path.realpath(list(nvidia.__path__)[0]))')
     for d in "$node_nvidia"/*/; do
@@ -450,13 +481,13 @@ install-523)
     # pip ran with --no-compile (fast); dozens of server processes would each compile the same
     # sources at startup. Once here, on every core, instead.
     python3 -m compileall -q -j 0 /tmp/site523 >/dev/null 2>&1 || true
-    SGLANG_EXT_SITE=/tmp/site523 bash scripts/gpu_node.sh site-check
+    SGLANG_EXT_SITE=/tmp/site523 bash node/gpu_node.sh site-check
     ;;
 install-site)
     # wheels (--no-deps) + this project into $SGLANG_EXT_SITE; print what imports from there
     python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" "$@"
     python3 -m pip install -q --no-index --no-deps --no-build-isolation --upgrade --target "$SITE" .
-    if [ "${SITE_CHECK:-1}" = 1 ]; then bash scripts/gpu_node.sh site-check; fi
+    if [ "${SITE_CHECK:-1}" = 1 ]; then bash node/gpu_node.sh site-check; fi
     ;;
 site-check)
     PYTHONPATH=$SITE python3 - <<'PY'

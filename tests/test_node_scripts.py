@@ -1,0 +1,110 @@
+"""The GPU-node procedure (gpu_node.sh) checked on CPU: the node cannot be reached from here,
+so a path the script names that is not in the tree would only show there, one device call too
+late. Here: the script parses, every repo path and module it names exists, the checkout copies
+its pipelines run from hold every folder they use."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "node" / "gpu_node.sh"
+TEXT = SCRIPT.read_text(encoding="utf-8")
+# Top-level folders of this repo that the script may name by a relative path.
+TOP = ("scripts", "node", "locks", "patches", "tests", "sglang_ext", "sglang_ext_tools")
+PATH_RE = re.compile(rf"(?<![\w./-])(?:/tmp/repo[\w-]*/)?((?:{'|'.join(TOP)})/[\w.$/{{}}-]*[\w}}])")
+
+
+def repo_paths() -> set[str]:
+    """Every relative repo path in the script (comments included: the header's commands are
+    run by hand); a component with a shell variable counts up to the folder before it."""
+    out = set()
+    for match in PATH_RE.finditer(TEXT):
+        parts = match.group(1).split("/")
+        kept = []
+        for part in parts:
+            if "$" in part or "*" in part:
+                break
+            kept.append(part)
+        out.add("/".join(kept))
+    return out
+
+
+def copied(function: str) -> list[str]:
+    """What ``function`` (copy_repo, sync_latest) copies into its checkout copy."""
+    body = TEXT.split(f"{function}() {{", 1)[1].split("\n}", 1)[0]
+    (line,) = re.findall(r"cp -r (.+?) /tmp/repo[\w-]*/", body)
+    return line.split()
+
+
+def test_gpu_node_sh_parses():
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("no bash")
+    proc = subprocess.run([bash, "-n", str(SCRIPT)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_every_path_gpu_node_sh_names_exists():
+    paths = repo_paths()
+    assert any(p.endswith("gpu_node.sh") for p in paths)  # the extraction sees the recursion
+    missing = sorted(p for p in paths if not (ROOT / p).exists())
+    assert not missing, f"{SCRIPT.relative_to(ROOT)} names paths not in the repo: {missing}"
+
+
+def test_every_module_gpu_node_sh_runs_exists():
+    modules = set(re.findall(r"python3? -m (sglang_ext\w*(?:\.\w+)+)", TEXT))
+    missing = sorted(
+        m for m in modules
+        if not (ROOT.joinpath(*m.split(".")).with_suffix(".py").is_file()
+                or (ROOT.joinpath(*m.split(".")) / "__main__.py").is_file())
+    )  # fmt: skip
+    assert not missing, missing
+
+
+@pytest.mark.parametrize("function", ["copy_repo", "sync_latest"])
+def test_the_checkout_copies_hold_folders_that_exist(function):
+    names = copied(function)
+    assert names, function
+    missing = [n for n in names if not (ROOT / n).exists()]
+    assert not missing, f"{function} copies {missing}, not in the repo"
+
+
+def test_the_copies_hold_every_folder_the_script_uses():
+    """The pipelines run from /tmp/repo (copy_repo) and /tmp/repo-suite (sync_latest's copy):
+    each top-level folder the script names must travel with the newest checkout, and the
+    pipeline copy must hold the code it runs."""
+    latest, pipeline = set(copied("sync_latest")), set(copied("copy_repo"))
+    assert pipeline <= latest
+    used = {p.split("/")[0] for p in repo_paths()} | {"sglang_ext_tools", "pyproject.toml"}
+    assert used <= pipeline, sorted(used - pipeline)
+
+
+def case_steps() -> set[str]:
+    """The subcommands: the labels of the script's top-level ``case "$step"``."""
+    body = TEXT.split('case "$step" in\n', 1)[1].rsplit("\nesac", 1)[0]
+    return set(re.findall(r"^([a-z0-9][a-z0-9-]*)\)$", body, flags=re.M))
+
+
+def header_steps() -> set[str]:
+    """The subcommands the header lists: ``#   bash node/gpu_node.sh STEP ...`` lines."""
+    header = TEXT.split("\nset -euo pipefail", 1)[0]
+    return set(re.findall(r"^#\s+bash \S*gpu_node\.sh ([a-z0-9-]+)", header, flags=re.M))
+
+
+def test_the_header_lists_every_subcommand():
+    assert len(case_steps()) > 20
+    assert header_steps() == case_steps(), (
+        f"only in the case: {sorted(case_steps() - header_steps())}; "
+        f"only in the header: {sorted(header_steps() - case_steps())}"
+    )
+
+
+def test_every_step_the_script_calls_itself_with_is_a_subcommand():
+    called = set(re.findall(r"bash \S*gpu_node\.sh ([a-z0-9-]+)", TEXT))
+    assert called <= case_steps(), sorted(called - case_steps())
