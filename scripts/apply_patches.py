@@ -206,7 +206,9 @@ def series_version(series: Path) -> str:
     return match.group(1)
 
 
-def _literal_version(path: Path) -> str | None:
+def literal_version(path: Path) -> str | None:
+    """The ``__version__`` literal of an sglang ``_version.py`` / ``version.py``, read as text
+    (also scripts/make_patches.py's reader: sglang is never imported)."""
     if not path.is_file():
         return None
     match = re.search(
@@ -219,7 +221,7 @@ def installed_version(target: Target) -> str | None:
     """The SGLang version at the target, read as text (sglang is never imported)."""
     package = target.package()
     for name in ("_version.py", "version.py"):
-        found = _literal_version(package / name)
+        found = literal_version(package / name)
         if found:
             return found
     if target.mode == "site":

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -32,6 +31,8 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from apply_patches import literal_version  # beside this file: scripts/ is on sys.path
 
 ROOT = Path(__file__).resolve().parent.parent
 PATCHES = ROOT / "patches"
@@ -58,12 +59,7 @@ def git(repo: Path, *args: str, **env: str) -> str:
 
 def installed_version(pkg_dir: Path) -> str | None:
     """The version of an `sglang` package directory, read from its _version.py."""
-    match = re.search(
-        r"""^__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""",
-        (pkg_dir / "_version.py").read_text() if (pkg_dir / "_version.py").exists() else "",
-        re.M,
-    )
-    return match.group(1) if match else None
+    return literal_version(pkg_dir / "_version.py")
 
 
 def released_sources(version: str, cache: Path = WHEEL_CACHE) -> Path:

@@ -55,6 +55,7 @@ def _load(name: str):
     return module
 
 
+_load("apply_patches")  # make_patches imports its version reader from beside it
 make_patches = _load("make_patches")
 SERIES = sorted(p.name[1:] for p in PATCHES.glob("v*") if (p / "series").exists())
 
