@@ -210,3 +210,19 @@ def test_doctor_cli_json_exit_codes(drafter, target_dir, tmp_path, capsys):
     bad = mutate(drafter("default")[0], tmp_path, BAD["missing"][0])
     assert main(["doctor", str(bad), "--json"]) == 1
     assert json.loads(capsys.readouterr().out)["verdict"] == "ERROR"
+
+
+def test_one_plan_per_drafter_and_a_second_load_is_counted_afresh(sglang_env, drafter):
+    """The plan the constructor checks the parameters with is the one every load runs
+    through; a second load (SGLang reloads weights in place) starts a new account instead of
+    finding every tensor "twice"."""
+    from sglang_ext.models.llama_eagle3 import Eagle3DraftModel
+
+    directory = drafter("default")[0]
+    model = Eagle3DraftModel(to_sglang_config(load_drafter_spec(directory)))
+    plan = model.load_plan
+    for _ in range(2):
+        model.load_weights(load_file(str(weight_files(directory)[0])).items())
+        assert model.load_plan is plan
+        assert model.load_report.count("loaded") == 15
+        assert not [e for e in model.load_report.entries if e.status == "unexpected"]

@@ -294,7 +294,11 @@ def fc_width_reason(spec: DrafterSpec, fc_in: int) -> str:
 
 
 class LoadPlan:
-    """Routes checkpoint tensors to parameters and accounts for both sides."""
+    """Routes checkpoint tensors to parameters and accounts for both sides.
+
+    Built once per drafter (the model's constructor checks its parameters against it, then
+    each load runs through it); :meth:`begin` starts the accounting of one pass over a
+    checkpoint, so a second load is counted afresh, not as tensors appearing twice."""
 
     def __init__(self, spec: DrafterSpec):
         if Path(spec.source).is_dir():  # before SGLang's loader reads any pickle
@@ -302,12 +306,18 @@ class LoadPlan:
             shard_index(Path(spec.source))  # a missing shard is named, not 8 missing params
         self.spec = spec
         self.params = expected_parameters(spec)
+        self.begin()
+
+    def begin(self) -> LoadPlan:
+        """Start one pass over a checkpoint: an empty report, nothing filled or seen yet."""
+        spec = self.spec
         self.report = LoadReport(source=spec.source)
         self._filled: dict[str, set] = {name: set() for name in self.params}
         # (param, shard) a tensor was offered for but refused (shape, dtype): reported on that
         # tensor, not a second time as "missing".
         self._refused: set[tuple] = set()
         self._seen: set[str] = set()
+        return self
 
     def check_model_parameters(self, names: Iterable[str]) -> None:
         """Fail if the SGLang model has parameters this plan does not account for (or lacks

@@ -62,10 +62,11 @@ class Eagle3DeepseekV2ForCausalLM(upstream.Eagle3DeepseekV2ForCausalLM):
         self.spec = spec
         self.model.__class__ = Eagle3MLAModel
         self.model.fusion = FusionPolicy.for_spec(spec)
-        LoadPlan(spec).check_model_parameters(name for name, _ in self.named_parameters())
+        self.load_plan = LoadPlan(spec)
+        self.load_plan.check_model_parameters(name for name, _ in self.named_parameters())
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        self.load_report = load_with_plan(self, self.spec, weights)
+        self.load_report = load_with_plan(self, self.load_plan, weights)
         self.post_load_weights()
 
 

@@ -238,14 +238,15 @@ class LlamaForCausalLMEagle3(upstream.LlamaForCausalLMEagle3):
         return super().set_embed(embed)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        self.load_report = load_with_plan(self, self.spec, weights)
+        self.load_report = load_with_plan(self, self.load_plan, weights)
 
 
-def load_with_plan(model, spec: DrafterSpec, weights) -> LoadReport:
-    """Drive `spec`'s LoadPlan over checkpoint tensors into `model`'s parameters and raise on
-    any problem (the plan doctor runs on safetensors headers). Shards of a concatenated
-    parameter are joined in the plan's order before its loader sees them."""
-    plan = LoadPlan(spec)
+def load_with_plan(model, plan: LoadPlan, weights) -> LoadReport:
+    """Drive the drafter's LoadPlan (built once, in its constructor) over checkpoint tensors
+    into `model`'s parameters and raise on any problem (the plan doctor runs on safetensors
+    headers). Shards of a concatenated parameter are joined in the plan's order before its
+    loader sees them."""
+    spec = plan.begin().spec
     params = dict(model.named_parameters())
     pending: dict[str, dict] = {}
     for name, tensor in weights:
