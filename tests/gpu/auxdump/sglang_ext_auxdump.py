@@ -33,7 +33,16 @@ def register() -> None:
     # A prompt's draft extend carries one row per prompt token; the extend after a verify
     # carries a few per request: only the former are kept.
     min_rows = int(os.environ.get("SGLANG_EXT_AUX_DUMP_MIN_ROWS", "16"))
-    counter = itertools.count()
+    counters = {"aux": itertools.count(), "target": itertools.count()}
+
+    def save(kind: str, tensors) -> None:
+        """Write the next dump of this kind, up to ``limit``; ``tensors`` is called only
+        then (no copy to the CPU once the limit is reached)."""
+        n = next(counters[kind])
+        if n < limit:
+            os.makedirs(directory, exist_ok=True)
+            torch.save(tensors(), os.path.join(directory, f"{kind}-{os.getpid()}-{n}.pt"))
+
     model_class = llama_eagle3.Eagle3Model
     forward = model_class.forward
 
@@ -46,18 +55,15 @@ def register() -> None:
             and features.shape[-1] == self.fusion.target_feature_width
             and not forward_batch.forward_mode.is_decode()
         ):
-            n = next(counter)
-            if n < limit:
-                os.makedirs(directory, exist_ok=True)
-                torch.save(
-                    {
-                        "input_ids": input_ids.detach().cpu(),
-                        "positions": positions.detach().cpu(),
-                        "features": features.detach().float().cpu(),
-                        "forward_mode": forward_batch.forward_mode.name,
-                    },
-                    os.path.join(directory, f"aux-{os.getpid()}-{n}.pt"),
-                )
+            save(
+                "aux",
+                lambda: {
+                    "input_ids": input_ids.detach().cpu(),
+                    "positions": positions.detach().cpu(),
+                    "features": features.detach().float().cpu(),
+                    "forward_mode": forward_batch.forward_mode.name,
+                },
+            )
         return forward(self, input_ids, positions, forward_batch, *args, **kwargs)
 
     model_class.forward = dumping_forward
@@ -66,7 +72,6 @@ def register() -> None:
 
     processor = logits_processor.LogitsProcessor
     process = processor.forward
-    target_counter = itertools.count()
 
     def dumping_process(self, input_ids, hidden_states, lm_head, logits_metadata, *args, **kwargs):
         aux = kwargs.get("aux_hidden_states", args[0] if args else None)
@@ -76,20 +81,18 @@ def register() -> None:
             and getattr(mode, "name", None) == "EXTEND"
             and not torch.cuda.is_current_stream_capturing()
         ):
-            features = aux if isinstance(aux, torch.Tensor) else torch.cat(list(aux), dim=-1)
+            parts = [aux] if isinstance(aux, torch.Tensor) else list(aux)
+            rows, width = parts[0].shape[0], sum(t.shape[-1] for t in parts)
             # the target's aux states are wider than its own hidden state; a drafter's are not
-            if features.shape[0] >= min_rows and features.shape[-1] > hidden_states.shape[-1]:
-                n = next(target_counter)
-                if n < limit:
-                    os.makedirs(directory, exist_ok=True)
-                    torch.save(
-                        {
-                            "input_ids": input_ids.detach().cpu(),
-                            "features": features.detach().float().cpu(),
-                            "forward_mode": mode.name,
-                        },
-                        os.path.join(directory, f"target-{os.getpid()}-{n}.pt"),
-                    )
+            if rows >= min_rows and width > hidden_states.shape[-1]:
+                save(
+                    "target",
+                    lambda: {
+                        "input_ids": input_ids.detach().cpu(),
+                        "features": torch.cat(parts, dim=-1).detach().float().cpu(),
+                        "forward_mode": mode.name,
+                    },
+                )
         return process(self, input_ids, hidden_states, lm_head, logits_metadata, *args, **kwargs)
 
     processor.forward = dumping_process
