@@ -469,18 +469,26 @@ def draft_every_position(
     idx = torch.arange(n_ctx, device=device)
     context_visible = idx[None, :] <= idx[:, None]  # [query b, key j]: j <= b
     same_start = torch.eye(n_ctx, dtype=torch.bool, device=device)
+    # Blocks: the context, then one per appended step. Step s reads the top-left (s + 1)
+    # blocks of the same matrix: block r sees the context up to its start and the blocks
+    # 1..r appended for that start.
+    size = num_steps * n_ctx
+    visible = torch.zeros(size, size, dtype=torch.bool, device=device)
+    for r in range(num_steps):
+        rows = slice(r * n_ctx, (r + 1) * n_ctx)
+        visible[rows, :n_ctx] = context_visible
+        for r2 in range(1, r + 1):
+            visible[rows, r2 * n_ctx : (r2 + 1) * n_ctx] = same_start
     tokens, hidden, positions = [base_tokens], [base_hidden], [base_pos]
     proposals: list[torch.Tensor] = []
     for step in range(num_steps):
-        blocks = step + 1  # the context block and `step` appended blocks
-        visible = torch.zeros(blocks * n_ctx, blocks * n_ctx, dtype=torch.bool, device=device)
-        for r in range(blocks):
-            rows = slice(r * n_ctx, (r + 1) * n_ctx)
-            visible[rows, :n_ctx] = context_visible
-            for r2 in range(1, r + 1):
-                visible[rows, r2 * n_ctx : (r2 + 1) * n_ctx] = same_start
+        width = (step + 1) * n_ctx
         x = _drafter_backbone(
-            drafter, torch.cat(tokens), torch.cat(hidden), torch.cat(positions), visible
+            drafter,
+            torch.cat(tokens),
+            torch.cat(hidden),
+            torch.cat(positions),
+            visible[:width, :width],
         )
         logits, feed = _drafter_head(drafter, x[step * n_ctx :])
         target_ids = drafter_to_target_ids(drafter, torch.argmax(logits, dim=-1))
@@ -657,12 +665,11 @@ def teacher_forced_acceptance(
     done = 1  # continuation tokens emitted so far (the prefill's first)
     while 0 < done < len(cont):
         seq = prompt + cont[:done]
-        aux = aux_all[: len(seq) - 1]
         left = len(cont) - done
         if proposer is None:
             drafts = table[len(seq) - 2]
         else:
-            drafts = [int(t) for t in proposer(list(seq), aux, num_steps)]
+            drafts = [int(t) for t in proposer(list(seq), aux_all[: len(seq) - 1], num_steps)]
             if len(drafts) != num_steps:
                 raise ValueError(f"proposer returned {len(drafts)} drafts, expected {num_steps}")
         n_acc = 0
