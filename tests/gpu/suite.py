@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import functools
 import json
 import os
 import re
@@ -110,6 +111,7 @@ def gpu_count() -> int:
     return torch.cuda.device_count()
 
 
+@functools.cache  # read once: the results file is rewritten after every test
 def versions() -> dict:
     from importlib.metadata import version
 
@@ -141,6 +143,14 @@ def reference(name: str) -> dict[str, dict]:
     path = FIXTURES / "reference" / f"{name}.jsonl"
     with path.open() as handle:
         return {row["id"]: row for row in map(json.loads, handle) if row}
+
+
+def free_running(prompts: list[dict], outputs: list[dict], rows: dict[str, dict]) -> dict:
+    """Served outputs vs a fixture's free-running reference (rows by prompt id, its own
+    continuations), on the prompts the reference ran (it may have run a subset): recorded
+    beside the like-for-like comparison, never asserted."""
+    pairs = [(o, rows[p["id"]]) for p, o in zip(prompts, outputs, strict=True) if p["id"] in rows]
+    return tau_compare.compare([o for o, _ in pairs], [r for _, r in pairs])
 
 
 def tau_of(rows) -> float:

@@ -31,6 +31,7 @@ from suite import (
     TAU_NEW_TOKENS,
     TAU_PROMPTS,
     equivalence,
+    free_running,
     like_for_like,
     load_prompts,
     lossless_verdict,
@@ -114,8 +115,6 @@ def test_acceptance_equivalent_to_the_reference_like_for_like(plugin_tau_outputs
     prompts, outputs = plugin_tau_outputs
     rows = like_for_like(FIXTURES / "llama-target", FIXTURES / "llama-drafter", prompts, outputs, 3)
     result = record_like_for_like("llama", outputs, rows, 3)
-    ref = reference("llama-drafter")
-    free = [(o, ref[p["id"]]) for p, o in zip(prompts, outputs, strict=True) if p["id"] in ref]
     RESULTS["acceptance"] = {
         "tau_served": round(served_tau(outputs), 4),
         "prompts": len(outputs),
@@ -123,7 +122,7 @@ def test_acceptance_equivalent_to_the_reference_like_for_like(plugin_tau_outputs
         "definition": "(accepted draft tokens + verify steps) / verify steps",
         "like_for_like": result,
         # recorded: the fixtures' free-running reference (its own continuation per prompt)
-        "free_running": tau_compare.compare([o for o, _ in free], [r for _, r in free]),
+        "free_running": free_running(prompts, outputs, reference("llama-drafter")),
     }
     assert RESULTS["like_for_like"]["llama"]["identical_text"]
     assert result["pass"], result

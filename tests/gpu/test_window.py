@@ -19,6 +19,7 @@ from suite import (
     FIXTURES,
     RESULTS,
     WINDOW_DRAFTER,
+    free_running,
     like_for_like,
     paired_counts,
     reference,
@@ -88,19 +89,13 @@ def test_window_drafter_served_like_its_windowed_reference(cluster):
         "applied_source": "this run's server log (the plugin's startup line)",
         "sglang_version": _sglang_version(),
         # recorded: the fixtures' free-running references (their own continuations)
-        "free_running_window": _free_running(prompts, outputs, window_rows),
-        "free_running_full": _free_running(prompts, outputs, full_rows),
+        "free_running_window": free_running(prompts, outputs, window_rows),
+        "free_running_full": free_running(prompts, outputs, full_rows),
         "definition": "(accepted draft tokens + verify steps) / verify steps; references: "
         "sglang_ext_tools.reference teacher-forced on the served text, with the trained "
         "window (speculators' mask kv > q - S) and with full attention",
     }
     assert expected["pass"], RESULTS["window"]
-
-
-def _free_running(prompts, outputs, rows) -> dict:
-    """Served vs the fixtures' free-running reference on the prompts it ran (a subset)."""
-    pairs = [(o, rows[p["id"]]) for p, o in zip(prompts, outputs, strict=True) if p["id"] in rows]
-    return tau_compare.compare([o for o, _ in pairs], [r for _, r in pairs])
 
 
 def _sglang_version() -> str | None:
