@@ -23,7 +23,12 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from sglang_ext.metrics.acceptance import LOG_PREFIX, parse_log_line, pooled_per_position
+from sglang_ext.metrics.acceptance import (
+    LOG_PREFIX,
+    parse_log_line,
+    pooled_per_position,
+    sglang_aggregate,
+)
 
 
 def records(text: str) -> list[dict[str, Any]]:
@@ -33,13 +38,13 @@ def records(text: str) -> list[dict[str, Any]]:
 
 def summarize(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     rows = list(rows)
-    verify = sum(r["verify_steps"] for r in rows)
-    accepted = sum(r["accepted_draft_tokens"] for r in rows)
+    pooled = sglang_aggregate(rows, None, None)  # sum(A + V) / sum(V) over the requests
+    tau = pooled["accept_length"]
     return {
         "requests": len(rows),
-        "verify_steps": verify,
-        "accepted_draft_tokens": accepted,
-        "tau": round((accepted + verify) / verify, 4) if verify else None,
+        "verify_steps": pooled["spec_num_forward_ct"],
+        "accepted_draft_tokens": pooled["spec_num_correct_drafts"],
+        "tau": round(tau, 4) if tau is not None else None,
         "per_position": [
             None if p is None else round(p, 4) for p in pooled_per_position(rows)
         ],

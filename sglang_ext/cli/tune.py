@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from sglang_ext.cli import exit_codes
-from sglang_ext.metrics.acceptance import pooled_per_position
+from sglang_ext.metrics.acceptance import pooled_per_position, sglang_aggregate
 
 
 class TuneInputError(exit_codes.InputError):
@@ -94,11 +94,9 @@ def measured(records: Iterable[Mapping[str, Any]]) -> dict[Setting, dict[str, An
         groups.setdefault(setting_of(record), []).append(record)
     out = {}
     for setting, rows in groups.items():
-        verify = sum(r["verify_steps"] for r in rows)
-        accepted = sum(r["accepted_draft_tokens"] for r in rows)
         out[setting] = {
             "requests": len(rows),
-            "tau": (accepted + verify) / verify if verify else None,
+            "tau": sglang_aggregate(rows, None, None)["accept_length"],
             "per_position": pooled_per_position(rows),
         }
     return out
