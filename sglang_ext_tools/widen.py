@@ -407,6 +407,15 @@ def write_sharded(
     return index
 
 
+def copy_tokenizer(small_dir: Path, out_dir: Path) -> None:
+    """The small model's tokenizer and generation config, beside the widened weights."""
+    import shutil
+
+    for extra in Path(small_dir).iterdir():
+        if extra.name.startswith(("tokenizer", "special_tokens", "generation_config")):
+            shutil.copy(extra, Path(out_dir) / extra.name)
+
+
 def write_widened_target(
     small_dir: Path,
     out_dir: Path,
@@ -418,7 +427,6 @@ def write_widened_target(
     device: str = "cpu",
 ) -> dict:
     """Widen a small Llama target directory into ``out_dir`` (config, shards, tokenizer)."""
-    import shutil
 
     small_dir, out_dir = Path(small_dir), Path(out_dir)
     small_cfg = json.loads((small_dir / "config.json").read_text())
@@ -431,9 +439,7 @@ def write_widened_target(
     )
     cfg = widen_llama_config(small_cfg, big, num_layers)
     (out_dir / "config.json").write_text(json.dumps(cfg, indent=2))
-    for extra in small_dir.iterdir():
-        if extra.name.startswith(("tokenizer", "special_tokens", "generation_config")):
-            shutil.copy(extra, out_dir / extra.name)
+    copy_tokenizer(small_dir, out_dir)
     return {
         "dir": str(out_dir),
         "num_layers": num_layers,

@@ -26,14 +26,19 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
-from sglang_ext_tools.widen import WidenError, _load_state, widen_tensor, write_sharded
+from sglang_ext_tools.widen import (
+    WidenError,
+    _load_state,
+    copy_tokenizer,
+    widen_tensor,
+    write_sharded,
+)
 
 MLA_TOP_LAYOUT: dict[str, tuple[str, ...]] = {
     "model.embed_tokens.weight": ("vocab", "hidden"),
@@ -171,9 +176,7 @@ def write_widened_mla_target(small_dir: Path, out_dir: Path, big: MlaShape) -> d
     widening = MlaWidening(MlaShape.from_config(small_cfg), big)
     index = write_sharded(widen_mla_tensors(_load_state(small_dir), widening), out_dir)
     (out_dir / "config.json").write_text(json.dumps(widen_mla_config(small_cfg, big), indent=2))
-    for extra in small_dir.iterdir():
-        if extra.name.startswith(("tokenizer", "special_tokens", "generation_config")):
-            shutil.copy(extra, out_dir / extra.name)
+    copy_tokenizer(small_dir, out_dir)
     return {
         "dir": str(out_dir),
         "shape": asdict(big),
