@@ -358,7 +358,7 @@ def widen_drafter_config(
 # --------------------------------------------------------------------------------------
 
 
-def _load_state(directory: Path) -> dict[str, torch.Tensor]:
+def load_state(directory: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     state: dict[str, torch.Tensor] = {}
@@ -431,7 +431,7 @@ def write_widened_target(
     small_dir, out_dir = Path(small_dir), Path(out_dir)
     small_cfg = json.loads((small_dir / "config.json").read_text())
     widening = Widening(Shape.from_config(small_cfg), big)
-    state = _load_state(small_dir)
+    state = load_state(small_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     index = write_sharded(
         widen_target_tensors(state, widening, placement, num_layers, seed=seed, device=device),
@@ -469,7 +469,7 @@ def write_widened_drafter(
     big_ids = map_aux_ids(small_ids, placement, aux_ids)
     layer = small_cfg["transformer_layer_config"]
     widening = Widening(Shape.from_config(layer), big, num_aux=len(small_ids))
-    state = widen_drafter_state(_load_state(small_dir), widening)
+    state = widen_drafter_state(load_state(small_dir), widening)
     verifier_cfg = json.loads((Path(verifier_dir) / "config.json").read_text())
     cfg = widen_drafter_config(
         small_cfg,

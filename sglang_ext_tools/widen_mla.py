@@ -34,8 +34,8 @@ import torch
 
 from sglang_ext_tools.widen import (
     WidenError,
-    _load_state,
     copy_tokenizer,
+    load_state,
     widen_tensor,
     write_sharded,
 )
@@ -174,7 +174,7 @@ def write_widened_mla_target(small_dir: Path, out_dir: Path, big: MlaShape) -> d
         raise WidenError(f"{out_dir}: not empty; the widened target needs a new directory")
     small_cfg = json.loads((small_dir / "config.json").read_text())
     widening = MlaWidening(MlaShape.from_config(small_cfg), big)
-    index = write_sharded(widen_mla_tensors(_load_state(small_dir), widening), out_dir)
+    index = write_sharded(widen_mla_tensors(load_state(small_dir), widening), out_dir)
     (out_dir / "config.json").write_text(json.dumps(widen_mla_config(small_cfg, big), indent=2))
     copy_tokenizer(small_dir, out_dir)
     return {
