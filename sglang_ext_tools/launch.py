@@ -157,12 +157,13 @@ class Server:
             pass
 
     def stop(self) -> None:
+        """SIGTERM (see terminate), up to 20 s for the group to exit, then SIGKILL."""
         if self.process is None or self.process.poll() is not None:
             return
+        self.terminate()
         try:
-            os.killpg(self.process.pid, signal.SIGTERM)
             self.process.wait(timeout=20)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
+        except subprocess.TimeoutExpired:
             try:
                 os.killpg(self.process.pid, signal.SIGKILL)
             except ProcessLookupError:
