@@ -451,6 +451,7 @@ def mla_servers(port) -> list[Server]:
             next(port),
             str(MLA_FIXTURES / f"deep-drafter-{shift}"),
             env=aux_dump_env(f"mla_{shift}"),
+            max_bs=8,  # the off-by-one test sends its 64 prompts 8 at a time
         )
         for shift in ("plus1", "minus1")
         if (MLA_FIXTURES / f"deep-drafter-{shift}").exists()

@@ -407,6 +407,12 @@ def test_patched_sglang_without_plugin_matches_plugin(cluster, llama_baseline, p
         [tau_compare.served_counts(o) for o in outputs],
         [tau_compare.served_counts(o) for o in plugin_outputs],
     )
-    RESULTS["patched"] = {"site": PATCHED_SITE, "lossless_pass": verdict["pass"], "tau": tau}
+    RESULTS["patched"] = {
+        "site": PATCHED_SITE,
+        "lossless_pass": verdict["pass"],
+        "tokens_checked": verdict["tokens_checked"],
+        "tau": tau,
+    }
+    assert verdict["tokens_checked"] >= 8000, verdict
     assert verdict["pass"], verdict["failures"]
     assert tau["pass"], tau
