@@ -13,8 +13,18 @@ token k, "given exactly the prefix this server produced, is token k the target's
 
 The tolerance is the largest gap of the no-speculation server's own greedy outputs (decode
 at concurrency 1 and 8) scored the same way: how far decode-time argmaxes sit from
-prefill-time ones in this numeric class. A speculative server passes iff every gap is within
-it. A token replaced by the runner-up at a clear margin fails (`plant_runner_up`).
+prefill-time ones in this numeric class. A maximum is not a bound, though: on an MoE target
+the gaps have a tail (2026-12-01, the MLA fixture's 16,384 self tokens: 37 gaps up to 1/16,
+then 6, 2, 2, 1 per doubling up to 1 nat), so a correct server's next 8,192 tokens may hold
+one beyond it. A speculative server therefore passes iff
+
+- no gap reaches the clear margin (`clear_margin`: 4 x the tolerance, at least 1 nat),
+  which no tie explains; a token replaced by its runner-up at that margin fails
+  (`plant_runner_up`), and
+- the tokens above the tolerance are no more than chance allows (`allowed_above`): the
+  self comparison saw none of its N tokens above its own maximum, so their rate is at most
+  3 / N (95 %, one-sided), and n checked tokens hold more than k of them with probability
+  below 0.1 % (Poisson). A bug that shifts many tokens by small gaps fails here.
 
 Alignment (SGLang 0.5.23, ``scheduler_components/logprob_result_processor.py``
 ``_process_input_token_logprobs`` / ``_process_input_top_logprobs``): with start s the server
@@ -28,6 +38,7 @@ Stdlib only.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 # float32 log-softmax of the same logits: a difference below this is the same logit.
@@ -116,15 +127,45 @@ def histogram(values: Sequence[float]) -> dict[str, int]:
     return counts
 
 
+def clear_margin(tolerance: float) -> float:
+    """A gap no numeric tie explains: 4 x the tie tolerance, and at least 1 nat."""
+    return max(1.0, 4 * tolerance)
+
+
+# The chance, for a correct server, of more tokens above the tolerance than allowed.
+ABOVE_TOLERANCE_P = 1e-3
+
+
+def allowed_above(checked: int, self_tokens: int, p: float = ABOVE_TOLERANCE_P) -> int:
+    """Tokens above the tolerance that chance allows among ``checked``: the smallest k with
+    P(X > k) <= p for X ~ Poisson(3 * checked / self_tokens) (none of the ``self_tokens``
+    self-scored tokens lies above their own maximum: the rate is at most 3 / self_tokens)."""
+    if self_tokens <= 0:
+        raise ValueError("the tolerance was measured on no tokens")
+    lam = 3.0 * checked / self_tokens
+    k, term = 0, math.exp(-lam)
+    cumulative = term
+    while 1.0 - cumulative > p:
+        k += 1
+        term *= lam / k
+        cumulative += term
+    return k
+
+
 def verdict(gaps_by_prompt: Mapping[str, Sequence[float]], measured: Mapping) -> dict:
-    """Pass iff every emitted token's gap is within the measured tolerance."""
+    """Pass iff no emitted token's gap reaches the clear margin and the tokens above the
+    measured tolerance are no more than chance allows (see the module docstring)."""
     tol = measured["tolerance"]
+    margin = clear_margin(tol)
     flat = [g for prompt in gaps_by_prompt.values() for g in prompt]
     failures = {
         pid: [[k, round(g, 5)] for k, g in enumerate(prompt) if g > tol + EXACT][:8]
         for pid, prompt in gaps_by_prompt.items()
     }
     failures = {pid: f for pid, f in failures.items() if f}
+    above = sum(g > tol + EXACT for g in flat)
+    clear = sum(g >= margin - EXACT for g in flat)
+    allowed = allowed_above(len(flat), measured["tolerance_from_tokens"])
     return {
         "rule": "teacher-forced",
         "prompts": len(gaps_by_prompt),
@@ -135,9 +176,13 @@ def verdict(gaps_by_prompt: Mapping[str, Sequence[float]], measured: Mapping) ->
         "nonzero_gap_fraction": round(sum(g > 0 for g in flat) / max(1, len(flat)), 6),
         "self_nonzero_gap_fraction": measured["self_nonzero_gap_fraction"],
         "gap_histogram": histogram(flat),
-        "tokens_above_tolerance": sum(g > tol + EXACT for g in flat),
+        "tokens_above_tolerance": above,
+        "tokens_above_tolerance_allowed": allowed,
+        "clear_margin": margin,
+        "tokens_at_clear_margin": clear,
+        # the tokens above the tolerance (at most 8 per prompt), failing or not
         "failures": failures,
-        "pass": bool(flat) and not failures,
+        "pass": bool(flat) and clear == 0 and above <= allowed,
     }
 
 

@@ -41,10 +41,17 @@ def _lossless_rows(data: dict) -> list[str]:
     for name, r in sorted(data.get("lossless", {}).items()):
         target = "mla" if name.startswith("mla") else "llama"
         base_tokens = tolerances.get(target, {}).get("tolerance_from_tokens", "?")
+        counts = ""
+        if "tokens_above_tolerance_allowed" in r:  # the rule with the tail allowance
+            counts = (
+                f"; above the tolerance {r['tokens_above_tolerance']} (chance allows "
+                f"{r['tokens_above_tolerance_allowed']}), at the clear margin "
+                f"{r['clear_margin']:g} {r['tokens_at_clear_margin']}"
+            )
         rows.append(
             f"| lossless `{name}` (teacher-forced) | {r['tokens_checked']} tokens, max gap "
             f"{r['max_gap']:g} vs tolerance {r['tolerance']:g} (from {base_tokens} "
-            f"no-spec tokens); tokens with gap > 0: {r['nonzero_gap_fraction']:.4f} "
+            f"no-spec tokens){counts}; tokens with gap > 0: {r['nonzero_gap_fraction']:.4f} "
             f"(no-spec itself {r['self_nonzero_gap_fraction']:.4f}) | {_verdict(r['pass'])} |"
         )
     planted = data.get("lossless_planted")

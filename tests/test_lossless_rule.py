@@ -80,15 +80,63 @@ def test_a_planted_runner_up_at_a_clear_margin_fails_the_rule():
     rows = score(prompt, output, logits)
     measured = lossless.tolerance([lossless.gaps(rows)])
     assert measured["tolerance"] == 0.0 and measured["tolerance_from_tokens"] == len(output)
-    planted = lossless.plant_runner_up(output, rows, min_margin=0.5)
+    margin = lossless.clear_margin(measured["tolerance"])
+    planted = lossless.plant_runner_up(output, rows, min_margin=margin)
     assert planted is not None
     position, bad = planted
     bad_rows = score(prompt, bad, logits)
     result = lossless.verdict({"p0": lossless.gaps(bad_rows)}, measured)
     assert not result["pass"]
+    assert result["tokens_at_clear_margin"] == 1
     assert result["failures"]["p0"][0][0] == position
-    assert result["failures"]["p0"][0][1] >= 0.5
+    assert result["failures"]["p0"][0][1] >= margin
     assert result["tokens_checked"] == len(bad)
+
+
+# The 2026-12-01 MLA run's shape: 16,384 self-scored tokens (tolerance 0.5625), 8,192 checked.
+MLA_MEASURED = {
+    "tolerance": 0.5625,
+    "tolerance_from_tokens": 16384,
+    "self_nonzero_gap_fraction": 0.003,
+}
+
+
+def test_one_token_in_the_tail_beyond_the_self_maximum_passes():
+    """A correct server's tokens follow the self gaps' tail: one of 8,192 at 1.1875 (the
+    2026-12-01 MLA chain, p016 token 106) is within chance and short of the clear margin."""
+    gaps = {"p016": [0.0] * 106 + [1.1875] + [0.0] * 21, "rest": [0.0] * (8192 - 128)}
+    result = lossless.verdict(gaps, MLA_MEASURED)
+    assert result["pass"], result
+    assert result["tokens_above_tolerance"] == 1 and result["failures"] == {"p016": [[106, 1.1875]]}
+    assert result["clear_margin"] == 2.25
+
+
+def test_many_small_deviations_above_the_tolerance_fail():
+    """A bug that moves many tokens a little: more above the tolerance than chance allows."""
+    allowed = lossless.allowed_above(8192, 16384)
+    assert allowed == 6  # Poisson(1.5): P(X > 6) = 0.00045
+    gaps = {f"p{i}": [0.75] + [0.0] * 127 for i in range(allowed + 1)}
+    gaps["rest"] = [0.0] * (8192 - 128 * (allowed + 1))
+    result = lossless.verdict(gaps, MLA_MEASURED)
+    assert not result["pass"]
+    assert result["tokens_above_tolerance"] == allowed + 1
+    assert result["tokens_at_clear_margin"] == 0
+    gaps["p0"][0] = 0.0
+    assert lossless.verdict(gaps, MLA_MEASURED)["pass"]
+
+
+def test_one_token_at_the_clear_margin_fails_however_many_are_checked():
+    gaps = {"p0": [2.25] + [0.0] * 8191}
+    result = lossless.verdict(gaps, MLA_MEASURED)
+    assert not result["pass"] and result["tokens_at_clear_margin"] == 1
+
+
+def test_allowed_above_is_the_poisson_quantile():
+    # lambda = 3: P(X > 9) = 0.0011, P(X > 10) = 0.0003
+    assert lossless.allowed_above(100, 100) == 10
+    assert lossless.allowed_above(1, 10**9) == 0
+    with pytest.raises(ValueError, match="no tokens"):
+        lossless.allowed_above(10, 0)
 
 
 def test_a_near_tie_within_the_measured_tolerance_passes():

@@ -84,9 +84,10 @@ def test_lossless_every_token_teacher_forced(llama_baseline, plugin_outputs):
 
 def test_a_planted_runner_up_fails_the_lossless_rule(llama_baseline):
     """The rule must catch a bug: the no-speculation output with one token replaced by its
-    runner-up at a clear margin (4 x the tolerance, at least 1 nat), scored the same way."""
+    runner-up at the clear margin (lossless.clear_margin: 4 x the tolerance, at least 1 nat),
+    scored the same way."""
     base = llama_baseline
-    margin = max(1.0, 4 * base["tolerance"]["tolerance"])
+    margin = lossless.clear_margin(base["tolerance"]["tolerance"])
     candidates = (
         (prompt, lossless.plant_runner_up(output["output_ids"], rows, margin))
         for prompt, output, rows in zip(base["prompts"], base["c1"], base["rows_c1"], strict=True)
@@ -104,6 +105,7 @@ def test_a_planted_runner_up_fails_the_lossless_rule(llama_baseline):
         "first_failure": next(iter(result["failures"].values()), [None])[0],
     }
     assert not result["pass"]
+    assert result["tokens_at_clear_margin"] == 1, result
     assert result["failures"][prompt["id"]][0][0] == position
 
 
