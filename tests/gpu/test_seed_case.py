@@ -34,6 +34,7 @@ from suite import (
 )
 
 from sglang_ext_tools import tau_compare
+from sglang_ext_tools.feature_agreement import layer_agreement
 from sglang_ext_tools.stats import bootstrap_ratio_ci
 
 SPEED_PROMPTS, SPEED_TOKENS = 32, 256
@@ -116,27 +117,6 @@ def test_tree_is_lossless_and_accepts_at_least_the_chain(mla):
     assert comparison["pass"], comparison
 
 
-def _ulps(x):
-    """bf16 resolution at |x|: 2^(floor(log2 |x|) - 7) (8 significant bits)."""
-    import torch
-
-    return torch.exp2(torch.floor(torch.log2(x.abs().clamp_min(2.0**-126))) - 7)
-
-
-def _layer_agreement(a, b) -> dict:
-    """Served features ``a`` against HF hidden states ``b`` (same positions), in bf16 ulps."""
-    diff = (a - b).abs()
-    ulps = diff / _ulps(b)
-    return {
-        "max_abs": round(diff.max().item(), 6),
-        "mean_abs": round(diff.mean().item(), 6),
-        "mean_abs_ref": round(b.abs().mean().item(), 6),
-        "max_ulps": round(ulps.max().item(), 2),
-        "mean_ulps": round(ulps.mean().item(), 4),
-        "frac_over_4_ulps": round((ulps > 4).float().mean().item(), 6),
-    }
-
-
 def _aux_agreement(dump_dir, target_dir, prompts, aux_ids, neighbours: bool = False) -> dict:
     """SGLang's captured target features (the aux-dump plugin's files) against the HF
     target's hidden states at the same speculators ids, on the same prompt; with
@@ -192,13 +172,13 @@ def _aux_agreement(dump_dir, target_dir, prompts, aux_ids, neighbours: bool = Fa
         per_layer = {}
         for j, k in enumerate(aux_ids):
             a = served[:, j * width : (j + 1) * width]
-            entry = _layer_agreement(a, hf[k].float())
+            entry = layer_agreement(a, hf[k].float())
             if neighbours:
                 # identity blocks of the deepened target leave some neighbours' states
                 # equal to this id's: those cannot tell a shift apart and are marked
                 entry["neighbours"] = {
                     str(k + d): {
-                        **_layer_agreement(a, hf[k + d].float()),
+                        **layer_agreement(a, hf[k + d].float()),
                         "same_state_as_id": bool(torch.equal(hf[k + d], hf[k])),
                     }
                     for d in (-1, 1)
