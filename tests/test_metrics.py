@@ -374,6 +374,9 @@ def test_prometheus_names_labels_buckets():
     )
     metrics.observe(rec, LABELS)
     metrics.set_health(LABELS, unhealthy=False, rolling_rate=0.61)
+    metrics.add_hook_seconds(LABELS, 0.25)
+    metrics.add_hook_seconds(LABELS, -1.0)  # a clock step back never lowers a counter
+    assert reg.get_sample_value("sglang:spec_ext_metrics_hook_seconds_total", LABELS) == 0.25
     families = {f.name: f for f in reg.collect()}
     expected = {
         "sglang:spec_ext_accept_length": "histogram",
@@ -382,6 +385,7 @@ def test_prometheus_names_labels_buckets():
         "sglang:spec_ext_accepted_draft_tokens": "counter",
         "sglang:spec_ext_drafter_unhealthy": "gauge",
         "sglang:spec_ext_rolling_accept_rate": "gauge",
+        "sglang:spec_ext_metrics_hook_seconds": "counter",
     }
     for name, typ in expected.items():
         assert name in families, name
@@ -783,6 +787,9 @@ def test_hook_on_real_tokenizer_manager_method(monkeypatch, requests_data, caplo
     assert lines[0]["drafter"] == "/models/drafter"
     assert lines[0]["algorithm"] == "EAGLE3"
     assert reg.get_sample_value("sglang:spec_ext_accept_length_count", LABELS) == 3
+    # what the hook cost, counted by the hook itself: positive, and far below a second
+    spent = reg.get_sample_value("sglang:spec_ext_metrics_hook_seconds_total", LABELS)
+    assert 0 < spent < 1.0
 
     # A request that finished at prefill (no verify step): nothing added, nothing logged.
     recv0 = SimpleNamespace(**{**vars(recv), "spec_verify_ct": [0, 0, 0]})

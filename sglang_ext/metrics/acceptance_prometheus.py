@@ -24,6 +24,7 @@ METRIC_PROPOSED = "sglang:spec_ext_proposed_draft_tokens_total"
 METRIC_ACCEPTED = "sglang:spec_ext_accepted_draft_tokens_total"
 METRIC_UNHEALTHY = "sglang:spec_ext_drafter_unhealthy"
 METRIC_ROLLING_RATE = "sglang:spec_ext_rolling_accept_rate"
+METRIC_HOOK_SECONDS = "sglang:spec_ext_metrics_hook_seconds_total"
 
 
 class AcceptanceMetrics:
@@ -36,6 +37,8 @@ class AcceptanceMetrics:
       counters with an extra ``position`` label ("0".."S-1")
     - ``sglang:spec_ext_drafter_unhealthy`` gauge 0/1 (multiprocess mode ``max``)
     - ``sglang:spec_ext_rolling_accept_rate`` gauge (multiprocess mode ``mostrecent``)
+    - ``sglang:spec_ext_metrics_hook_seconds_total`` counter: the time the tokenizer manager
+      spent in this hook (what these metrics cost, read against wall time)
 
     ``registry=None`` uses prometheus_client's default registry (what SGLang's collectors
     use; in multiprocess mode the values go to ``PROMETHEUS_MULTIPROC_DIR``). Tests pass a
@@ -94,6 +97,17 @@ class AcceptanceMetrics:
             multiprocess_mode="mostrecent",
             registry=reg,
         )
+
+        self.hook_seconds = Counter(
+            METRIC_HOOK_SECONDS,
+            "Seconds the tokenizer manager spent in sglang_ext's per-request acceptance hook "
+            "(what these metrics cost; sglang_ext).",
+            labelnames=names,
+            registry=reg,
+        )
+
+    def add_hook_seconds(self, labels: Mapping[str, str], seconds: float) -> None:
+        self.hook_seconds.labels(**self._labels(labels)).inc(max(0.0, seconds))
 
     def _labels(self, labels: Mapping[str, str]) -> dict[str, str]:
         return {k: str(labels.get(k, "")) for k in self.labelnames}

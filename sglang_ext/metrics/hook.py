@@ -311,6 +311,12 @@ class AcceptanceRecorder:
                     )
             return event
 
+    def add_hook_seconds(self, prom_labels: Mapping[str, str] | None, seconds: float) -> None:
+        """Count ``seconds`` spent in the hook (Prometheus only: without it nothing reads it)."""
+        prom = self._get_prom(prom_labels) if prom_labels is not None else None
+        if prom is not None:
+            prom.add_hook_seconds(prom_labels, seconds)
+
 
 # --------------------------------------------------------------------------------------
 # SGLang side: reading TokenizerManager / BatchStrOutput, and the hook
@@ -440,6 +446,7 @@ def after_calculate_spec_decoding_metrics(
     recv_obj, i)``: called once per finished request while speculation is on. Never
     raises into SGLang; always returns None (the original returns None)."""
     global _INTERNAL_ERRORS
+    start = time.perf_counter()
     try:
         meta_info = kw.get("meta_info", meta_info)
         recv_obj = kw.get("recv_obj", recv_obj)
@@ -450,7 +457,10 @@ def after_calculate_spec_decoding_metrics(
         if isinstance(meta_info, dict):
             for k, v in meta_info_extras(record).items():
                 meta_info.setdefault(k, v)
-        get_recorder().record(record, prometheus_labels(tm, record["rid"]))
+        labels = prometheus_labels(tm, record["rid"])
+        recorder = get_recorder()
+        recorder.record(record, labels)
+        recorder.add_hook_seconds(labels, time.perf_counter() - start)
     except Exception:
         _INTERNAL_ERRORS += 1
         if _INTERNAL_ERRORS <= 3:
