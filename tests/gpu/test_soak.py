@@ -17,7 +17,8 @@ import urllib.request
 import pytest
 from suite import JSONL, RESULTS, load_prompts, prometheus_value
 
-SOAK_S = float(os.environ.get("SGLANG_EXT_SOAK_S", "180"))
+# 2026-12-01: 180 s ran 4,750 requests and the whole suite ended 8 s inside its limit.
+SOAK_S = float(os.environ.get("SGLANG_EXT_SOAK_S", "120"))
 STREAMS, ABORT_FRACTION, WARMUP_S = 64, 0.1, 30
 MEMORY_SLACK_MIB = 256  # allocator rounding; a leak grows with the request count
 
