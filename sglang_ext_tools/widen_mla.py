@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from sglang_ext_tools.widen import (
+    Shape,
     WidenError,
     copy_tokenizer,
     load_state,
@@ -90,6 +91,44 @@ class MlaShape:
             moe_intermediate=int(cfg["moe_intermediate_size"]),
             n_shared=int(cfg.get("n_shared_experts") or 0),
         )
+
+
+# One tensor-parallel rank of Kimi-K2.5's text model (DeepSeek-V3 class) at TP8, as SGLang's
+# deepseek_v2 shards it: the residual stream is whole on every rank (hidden 7168) and so is the
+# q latent (q_a_proj is replicated: q_lora_rank 1536); the dense MLP (18432) and each routed
+# and shared expert's MLP (2048) are split 8 ways. Heads (64 / 8 = 8) are the fixture's own.
+KIMI_K25_TP8_RANK = MlaShape(
+    hidden=7168, q_lora=1536, intermediate=18432 // 8, moe_intermediate=2048 // 8, n_shared=1
+)
+
+
+@dataclass(frozen=True)
+class DrafterRankWidths:
+    """An EAGLE-3 drafter layer's widths on one rank: hidden (whole), the query and key-value
+    projections' output widths and the MLP (sharded). ``shape`` turns them into a widening
+    target for a small drafter, keeping its head_dim (RoPE and the softmax scale)."""
+
+    hidden: int
+    q: int
+    kv: int
+    intermediate: int
+
+    def shape(self, small: Shape) -> Shape:
+        hd = small.head_dim
+        if self.q % hd or self.kv % hd:
+            raise WidenError(
+                f"the rank's query/key-value widths {self.q}/{self.kv} are not multiples of the "
+                f"drafter's head_dim {hd}"
+            )
+        heads, kv_heads = self.q // hd, max(self.kv // hd, small.kv_heads)
+        return Shape(self.hidden, heads, kv_heads, hd, self.intermediate)
+
+
+# SpecForge's Kimi-K2.5 EAGLE-3 drafter (tests/data/public_configs/specforge-kimi-k25-eagle3
+# .json: hidden 7168, 64 query and 64 key-value heads of 128, MLP 18432) on one rank of TP8.
+KIMI_K25_TP8_DRAFTER = DrafterRankWidths(
+    hidden=7168, q=8 * 128, kv=8 * 128, intermediate=18432 // 8
+)
 
 
 @dataclass(frozen=True)

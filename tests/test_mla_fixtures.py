@@ -175,3 +175,41 @@ def test_placements_expose_every_shift(mla_script):
     old = mla_script.dataclasses.replace(mla_script.TINY, placement=(0, 2, 3, 4, 6, 7))
     with pytest.raises(ValueError, match="same"):
         mla_script.check_neighbours_differ(old)
+
+
+def test_widen_stage_keeps_what_the_deep_pair_computes(mla_fixtures, mla_script):
+    """--stage widen (the seed-shape speed fixtures) at the tiny scale's rank shape: the wide
+    target's logits and the wide pair's reference tau are the deep pair's (fp32 on CPU)."""
+    out, _ = mla_fixtures
+    argv = ["--stage", "widen", "--scale", "tiny", "--device", "cpu", "--out", str(out)]
+    assert mla_script.main(argv) == 0
+    stage = json.loads((out / "mla-fixtures.json").read_text())["stages"]["widen"]
+    rank = mla_script.TINY.rank
+    target_cfg = json.loads((out / "wide-target" / "config.json").read_text())
+    assert (target_cfg["hidden_size"], target_cfg["q_lora_rank"]) == (rank.hidden, rank.q_lora)
+    assert target_cfg["moe_intermediate_size"] == rank.moe_intermediate
+    drafter_cfg = json.loads((out / "wide-drafter" / "config.json").read_text())
+    layer = drafter_cfg["transformer_layer_config"]
+    deep_ids = json.loads((out / "deep-drafter" / "config.json").read_text())[
+        "eagle_aux_hidden_state_layer_ids"
+    ]
+    assert drafter_cfg["eagle_aux_hidden_state_layer_ids"] == deep_ids
+    assert layer["hidden_size"] == rank.hidden
+    assert layer["num_attention_heads"] * layer["head_dim"] == mla_script.TINY.rank_drafter.q
+    check = stage["function_check"]
+    assert check["top1_agreement"] == 1.0 and check["max_abs_diff"] < 1e-3, check
+    tau = stage["reference_tau"]
+    assert tau["identical_outputs"] == tau["prompts"], tau
+    assert tau["wide"] == pytest.approx(tau["deep"], abs=1e-4), tau
+
+
+def test_kimi_rank_drafter_widths_keep_the_small_drafters_head_dim():
+    from sglang_ext_tools import widen, widen_mla
+
+    small = widen.Shape(hidden=384, heads=8, kv_heads=8, head_dim=32, intermediate=1024)
+    big = widen_mla.KIMI_K25_TP8_DRAFTER.shape(small)
+    assert (big.hidden, big.head_dim, big.intermediate) == (7168, 32, 2304)
+    assert big.heads * big.head_dim == 1024 and big.kv_heads * big.head_dim == 1024
+    widen.Widening(small, big)  # a valid widening (no WidenError)
+    with pytest.raises(widen.WidenError, match="head_dim"):
+        widen_mla.DrafterRankWidths(7168, 1000, 1024, 2304).shape(small)
