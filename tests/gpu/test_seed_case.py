@@ -117,11 +117,15 @@ def test_tree_is_lossless_and_accepts_at_least_the_chain(mla):
     assert comparison["pass"], comparison
 
 
-def _aux_agreement(dump_dir, target_dir, prompts, aux_ids, neighbours: bool = False) -> dict:
+def _aux_agreement(
+    dump_dir, target_dir, prompts, aux_ids, neighbours: bool = False, loaded=None
+) -> dict:
     """SGLang's captured target features (the aux-dump plugin's files) against the HF
     target's hidden states at the same speculators ids, on the same prompt; with
     ``neighbours``, also against the states at id - 1 and id + 1 (what an off-by-one capture
-    would hand over). Unmatched: what the dumps held, so the record says why."""
+    would hand over). Unmatched: what the dumps held, so the record says why. ``loaded``:
+    the HF target of ``target_dir`` already on the GPU (the caller frees it); else it is
+    loaded here and freed."""
     import torch
 
     from sglang_ext_tools import reference as ref
@@ -160,7 +164,8 @@ def _aux_agreement(dump_dir, target_dir, prompts, aux_ids, neighbours: bool = Fa
             ],
             "prompt_heads": [p["input_ids"][1:7] for p in prompts[:8]],
         }
-    target = ref.load_target(target_dir, device="cuda", dtype="bfloat16")
+    owned = loaded is None
+    target = ref.load_target(target_dir, device="cuda", dtype="bfloat16") if owned else loaded
     try:
         wanted = set(aux_ids)
         if neighbours:
@@ -196,7 +201,8 @@ def _aux_agreement(dump_dir, target_dir, prompts, aux_ids, neighbours: bool = Fa
         }
     finally:
         del target
-        torch.cuda.empty_cache()
+        if owned:
+            torch.cuda.empty_cache()
 
 
 def test_mla_deficit_explained(mla):
@@ -286,8 +292,8 @@ def test_off_by_one_aux_ids_are_captured_as_configured(mla):
             [tau_compare.served_counts(o) for o in served[shift]],
             [tau_compare.served_counts(o) for o in trained],
         )
-    # The HF target once; each drafter teacher-forced on the trained text (and a shifted one
-    # on its own server's text too).
+    # The HF target once: each drafter teacher-forced on the trained text (a shifted one on
+    # its own server's text too), then each server's captured features against its states.
     target = ref.load_target(MLA_FIXTURES / "deep-target", device="cuda", dtype="bfloat16")
     try:
         on_trained = {}
@@ -308,6 +314,20 @@ def test_off_by_one_aux_ids_are_captured_as_configured(mla):
                     )
             finally:
                 del drafter
+        for name, (server_name, drafter_dir) in drafters.items():
+            config_path = MLA_FIXTURES / Path(drafter_dir).name / "config.json"
+            ids = json.loads(config_path.read_text())["eagle_aux_hidden_state_layer_ids"]
+            out["features"][name] = {
+                "aux_ids": ids,
+                **_aux_agreement(
+                    AUX_DUMP / server_name,
+                    MLA_FIXTURES / "deep-target",
+                    base["prompts"],
+                    ids,
+                    neighbours=True,
+                    loaded=target,
+                ),
+            }
     finally:
         del target
         torch.cuda.empty_cache()
@@ -316,19 +336,6 @@ def test_off_by_one_aux_ids_are_captured_as_configured(mla):
             [tau_compare.reference_counts(r) for r in on_trained[shift]],
             [tau_compare.reference_counts(r) for r in on_trained["trained"]],
         )
-    for name, (server_name, drafter_dir) in drafters.items():
-        config = json.loads((MLA_FIXTURES / Path(drafter_dir).name / "config.json").read_text())
-        ids = config["eagle_aux_hidden_state_layer_ids"]
-        out["features"][name] = {
-            "aux_ids": ids,
-            **_aux_agreement(
-                AUX_DUMP / server_name,
-                MLA_FIXTURES / "deep-target",
-                base["prompts"],
-                ids,
-                neighbours=True,
-            ),
-        }
     RESULTS["off_by_one"] = out
     for name, found in out["features"].items():
         assert found["matched"], out
