@@ -103,10 +103,15 @@ def test_a_planted_runner_up_fails_the_lossless_rule(llama_baseline):
         "min_margin": margin,
         "verdict_pass": result["pass"],
         "first_failure": next(iter(result["failures"].values()), [None])[0],
+        "tokens_at_clear_margin": result["tokens_at_clear_margin"],
     }
     assert not result["pass"]
-    assert result["tokens_at_clear_margin"] == 1, result
-    assert result["failures"][prompt["id"]][0][0] == position
+    # The planted token is caught where it was planted. The tokens after it are the original
+    # continuation scored on a changed prefix, so some of them may fail too (2026-12-01, 4th
+    # run: planted at position 0, caught there at gap 2.875, and more than one token reached
+    # the clear margin, which the old `== 1` assertion rejected).
+    assert result["tokens_at_clear_margin"] >= 1, result
+    assert result["failures"][prompt["id"]][0][0] == position, result
 
 
 def test_acceptance_equivalent_to_the_reference_like_for_like(plugin_tau_outputs):
@@ -213,6 +218,10 @@ def test_fusion_guard_fails_at_startup_where_stock_crashes_on_first_request(clus
 # -- throughput, bench, metrics ---------------------------------------------------------------
 
 
+# 128 since the fourth run of 2026-12-01 (256 before): the suite outgrew one device session.
+BENCH_NEW_TOKENS = 128
+
+
 @pytest.mark.alone
 def test_bench_client_against_baseline(cluster, tmp_path):
     """`sglang-ext bench` against the suite's own side-by-side timing of the same requests,
@@ -233,7 +242,7 @@ def test_bench_client_against_baseline(cluster, tmp_path):
         "--num-requests",
         "16",
         "--max-new-tokens",
-        str(MAX_NEW_TOKENS),
+        str(BENCH_NEW_TOKENS),
         "--ignore-eos",
         "--out",
         str(out),
@@ -257,7 +266,7 @@ def test_bench_client_against_baseline(cluster, tmp_path):
     for i, ids in enumerate(prompts):
         for name in ("plugin", "nospec") if i % 2 == 0 else ("nospec", "plugin"):
             start = time.perf_counter()
-            out = (plugin if name == "plugin" else nospec).generate(ids, MAX_NEW_TOKENS)
+            out = (plugin if name == "plugin" else nospec).generate(ids, BENCH_NEW_TOKENS)
             latency[name].append(time.perf_counter() - start)
             if name == "plugin":
                 outputs.append(out)
@@ -353,7 +362,7 @@ def test_metrics_overhead_at_concurrency_32(cluster):
     """What the acceptance metrics cost at concurrency 32, two ways, with only the timed
     servers up (suite.ALONE_KEEP), none of them busy.
 
-    Direct: the hook counts its own time (sglang:spec_ext_metrics_hook_seconds_total); over
+    Direct: the hook counts its own CPU time (sglang:spec_ext_metrics_hook_seconds_total); over
     the metrics-on rounds it must stay below 1 % of their wall time (the tokenizer manager's
     share spent in the hook). End to end: metrics on (ours and SGLang's --enable-metrics) vs
     off, 12 paired rounds (ABBA); rounds of ~3 s vary by up to +-30 % on this node
