@@ -808,3 +808,62 @@ def test_hook_never_raises_into_sglang(caplog):
         completion_tokens=[4],
     )
     assert m.after_calculate_spec_decoding_metrics(None, object(), {}, broken, 0) is None
+
+
+def test_hook_counts_its_cpu_time_not_the_time_it_waits(monkeypatch):
+    """The hook's own cost counter is the thread's CPU time: a hook call that blocks (here a
+    50 ms sleep inside the record, as a GIL wait or a slow log write would) adds almost
+    nothing, while the CPU work it does is counted."""
+    import time
+
+    from prometheus_client import CollectorRegistry
+
+    reg = CollectorRegistry()
+    recorder = m.AcceptanceRecorder(m.MetricsConfig(log_requests=False), prom_registry=reg)
+    monkeypatch.setattr(m, "_RECORDER", recorder)
+    spec = SimpleNamespace(
+        speculative_algorithm="EAGLE3",
+        speculative_num_steps=S,
+        speculative_eagle_topk=1,
+        speculative_num_draft_tokens=NUM_DRAFT_TOKENS,
+        speculative_draft_model_path="/models/drafter",
+    )
+    tm = SimpleNamespace(
+        server_args=spec,
+        enable_metrics=True,
+        metrics_collector=SimpleNamespace(labels=dict(LABELS)),
+        rid_to_state={},
+    )
+    recv = SimpleNamespace(
+        rids=["r0", "r1"],
+        finished_reasons=[{"type": "length"}] * 2,
+        prompt_tokens=[10, 10],
+        completion_tokens=[12, 12],
+        spec_verify_ct=[6, 6],
+        spec_num_correct_drafts=[6, 6],
+        spec_correct_drafts_histogram=[[2, 2, 2, 0]] * 2,
+    )
+    metric = "sglang:spec_ext_metrics_hook_seconds_total"
+    original = recorder.record
+
+    def blocking_record(record, labels):
+        time.sleep(0.05)
+        return original(record, labels)
+
+    monkeypatch.setattr(recorder, "record", blocking_record)
+    wall = time.perf_counter()
+    m.after_calculate_spec_decoding_metrics(None, tm, {}, recv, 0)
+    wall = time.perf_counter() - wall
+    blocked = reg.get_sample_value(metric, LABELS)
+    assert wall >= 0.05
+    assert 0 < blocked < 0.02, blocked
+
+    def busy_record(record, labels):
+        end = time.thread_time() + 0.05
+        while time.thread_time() < end:
+            pass
+        return original(record, labels)
+
+    monkeypatch.setattr(recorder, "record", busy_record)
+    m.after_calculate_spec_decoding_metrics(None, tm, {}, recv, 1)
+    assert reg.get_sample_value(metric, LABELS) - blocked >= 0.05

@@ -37,8 +37,9 @@ class AcceptanceMetrics:
       counters with an extra ``position`` label ("0".."S-1")
     - ``sglang:spec_ext_drafter_unhealthy`` gauge 0/1 (multiprocess mode ``max``)
     - ``sglang:spec_ext_rolling_accept_rate`` gauge (multiprocess mode ``mostrecent``)
-    - ``sglang:spec_ext_metrics_hook_seconds_total`` counter: the time the tokenizer manager
-      spent in this hook (what these metrics cost, read against wall time)
+    - ``sglang:spec_ext_metrics_hook_seconds_total`` counter: the CPU time the tokenizer
+      manager's thread spent in this hook (what these metrics cost, read against wall time;
+      CPU, not wall: see hook.after_calculate_spec_decoding_metrics)
 
     ``registry=None`` uses prometheus_client's default registry (what SGLang's collectors
     use; in multiprocess mode the values go to ``PROMETHEUS_MULTIPROC_DIR``). Tests pass a
@@ -100,8 +101,8 @@ class AcceptanceMetrics:
 
         self.hook_seconds = Counter(
             METRIC_HOOK_SECONDS,
-            "Seconds the tokenizer manager spent in sglang_ext's per-request acceptance hook "
-            "(what these metrics cost; sglang_ext).",
+            "CPU seconds the tokenizer manager's thread spent in sglang_ext's per-request "
+            "acceptance hook (what these metrics cost; sglang_ext).",
             labelnames=names,
             registry=reg,
         )
