@@ -24,7 +24,13 @@ one beyond it. A speculative server therefore passes iff
 - the tokens above the tolerance are no more than chance allows (`allowed_above`): the
   self comparison saw none of its N tokens above its own maximum, so their rate is at most
   3 / N (95 %, one-sided), and n checked tokens hold more than k of them with probability
-  below 0.1 % (Poisson). A bug that shifts many tokens by small gaps fails here.
+  below 0.1 % (Poisson). A bug that shifts many tokens by small gaps fails here, and
+- at every rung of a ladder of gaps below the tolerance too (`LADDER`: 1/32 to 4 nats,
+  doubling), the checked tokens above it are no more than the self comparison's rate there
+  allows (`allowed_count`: its 95 % upper Poisson bound, 0.1 % over the ladder). The MoE
+  target's maximum moves with its tail (0.5625 on 2026-12-01's third run, 2.90625 on the
+  fourth, from one routing flip), and a maximum of 2.9 nats alone would pass a bug that moves
+  1 % of the tokens by 1 nat; the ladder does not.
 
 Alignment (SGLang 0.5.23, ``scheduler_components/logprob_result_processor.py``
 ``_process_input_token_logprobs`` / ``_process_input_top_logprobs``): with start s the server
@@ -101,7 +107,8 @@ def gaps(rows: Sequence[tuple[float, list[tuple[float, int]]]]) -> list[float]:
 
 
 def tolerance(self_gaps: Sequence[Sequence[float]]) -> dict:
-    """The tie tolerance: the largest gap of the no-speculation server's own outputs."""
+    """The tie tolerance: the largest gap of the no-speculation server's own outputs, and
+    how many of them lie above each rung of the ladder (``self_above``)."""
     flat = [g for prompt in self_gaps for g in prompt]
     if not flat:
         raise ValueError("no scored tokens to measure the tie tolerance on")
@@ -110,7 +117,17 @@ def tolerance(self_gaps: Sequence[Sequence[float]]) -> dict:
         "tolerance_from_tokens": len(flat),
         "self_nonzero_gap_fraction": round(sum(g > 0 for g in flat) / len(flat), 6),
         "self_gap_histogram": histogram(flat),
+        "self_above": above_ladder(flat),
     }
+
+
+# Rungs of the exceedance ladder, in nats (bf16 logprob gaps come in 1/32 and 1/16 steps).
+LADDER = (1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0, 2.0, 4.0)
+
+
+def above_ladder(values: Sequence[float]) -> dict[str, int]:
+    """How many gaps lie above each rung: ``{"0.03125": n, ...}``."""
+    return {f"{x:g}": sum(v > x + EXACT for v in values) for x in LADDER}
 
 
 def histogram(values: Sequence[float]) -> dict[str, int]:
@@ -132,7 +149,8 @@ def clear_margin(tolerance: float) -> float:
     return max(1.0, 4 * tolerance)
 
 
-# The chance, for a correct server, of more tokens above the tolerance than allowed.
+# The chance, for a correct server, of more tokens above the tolerance than allowed; the
+# ladder's rungs share another such budget.
 ABOVE_TOLERANCE_P = 1e-3
 
 
@@ -166,6 +184,8 @@ def verdict(gaps_by_prompt: Mapping[str, Sequence[float]], measured: Mapping) ->
     above = sum(g > tol + EXACT for g in flat)
     clear = sum(g >= margin - EXACT for g in flat)
     allowed = allowed_above(len(flat), measured["tolerance_from_tokens"])
+    rungs = ladder(flat, measured)
+    over = [r["above"] for r in rungs or () if r["tokens"] > r["allowed"]]
     return {
         "rule": "teacher-forced",
         "prompts": len(gaps_by_prompt),
@@ -180,9 +200,11 @@ def verdict(gaps_by_prompt: Mapping[str, Sequence[float]], measured: Mapping) ->
         "tokens_above_tolerance_allowed": allowed,
         "clear_margin": margin,
         "tokens_at_clear_margin": clear,
+        "ladder": rungs,
+        "ladder_over": over,
         # the tokens above the tolerance (at most 8 per prompt), failing or not
         "failures": failures,
-        "pass": bool(flat) and clear == 0 and above <= allowed,
+        "pass": bool(flat) and clear == 0 and above <= allowed and not over,
     }
 
 
@@ -197,3 +219,57 @@ def plant_runner_up(
         if len(top) >= 2 and top[0][1] == output_ids[k] and top[0][0] - top[1][0] >= min_margin:
             return k, [*output_ids[:k], top[1][1], *output_ids[k + 1 :]]
     return None
+
+
+def rate_upper(events: int, confidence: float = 0.95) -> float:
+    """The one-sided upper confidence bound of a Poisson mean from ``events`` observed: the
+    lam with P(X <= events; lam) = 1 - confidence (2.996 for none: the rule of three)."""
+    target = 1.0 - confidence
+
+    def cdf(lam: float) -> float:
+        term = total = math.exp(-lam)
+        for k in range(1, events + 1):
+            term *= lam / k
+            total += term
+        return total
+
+    lo, hi = 0.0, max(10.0, 4.0 * events + 10.0)
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if cdf(mid) > target else (lo, mid)
+    return hi
+
+
+def allowed_count(checked: int, self_events: int, self_tokens: int, p: float) -> int:
+    """Gaps above a rung that chance allows among ``checked`` tokens, when ``self_events``
+    of ``self_tokens`` self-scored ones lay above it: the smallest k with P(X > k) <= p for
+    X ~ Poisson(checked * rate_upper(self_events) / self_tokens)."""
+    if self_tokens <= 0:
+        raise ValueError("the tolerance was measured on no tokens")
+    lam = checked * rate_upper(self_events) / self_tokens
+    k, term = 0, math.exp(-lam)
+    cumulative = term
+    while 1.0 - cumulative > p:
+        k += 1
+        term *= lam / k
+        cumulative += term
+    return k
+
+
+def ladder(flat: Sequence[float], measured: Mapping) -> list[dict] | None:
+    """Each rung: the checked tokens above it against what the self rate there allows (None
+    when the measurement predates the ladder: no ``self_above``)."""
+    self_above = measured.get("self_above")
+    if self_above is None:
+        return None
+    p = ABOVE_TOLERANCE_P / len(LADDER)
+    rungs = []
+    for x in LADDER:
+        served = sum(g > x + EXACT for g in flat)
+        allowed = allowed_count(
+            len(flat), self_above[f"{x:g}"], measured["tolerance_from_tokens"], p
+        )
+        rungs.append(
+            {"above": x, "tokens": served, "self": self_above[f"{x:g}"], "allowed": allowed}
+        )
+    return rungs

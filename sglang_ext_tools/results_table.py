@@ -51,6 +51,13 @@ def _lossless_rows(data: dict) -> list[str]:
                 f"{r['tokens_above_tolerance_allowed']}), at the clear margin "
                 f"{r['clear_margin']:g} {r['tokens_at_clear_margin']}"
             )
+        if r.get("ladder"):  # the exceedance ladder below the tolerance
+            over = r.get("ladder_over") or []
+            counts += "; ladder: " + (
+                "over the self rate above " + ", ".join(f"{x:g}" for x in over)
+                if over
+                else "within the self rate at every rung"
+            )
         rows.append(
             f"| lossless `{name}` (teacher-forced) | {r['tokens_checked']} tokens, max gap "
             f"{r['max_gap']:g} vs tolerance {r['tolerance']:g} (from {base_tokens} "

@@ -131,6 +131,49 @@ def test_one_token_at_the_clear_margin_fails_however_many_are_checked():
     assert not result["pass"] and result["tokens_at_clear_margin"] == 1
 
 
+# The fourth 2026-12-01 run's MLA self comparison (16,384 tokens): one routing flip at 2.906
+# made the maximum, the rest of the tail below 1 nat (self_gap_histogram of that run).
+MOE_SELF = [0.0] * 16330 + [1 / 32] * 4 + [1 / 16] * 36 + [1 / 8] * 3 + [1 / 4] * 2
+MOE_SELF += [1 / 2] * 4 + [1.0] * 4 + [2.90625]
+
+
+def test_a_tail_maximum_does_not_hide_many_tokens_moved_by_one_nat():
+    """The maximum of an MoE target's self gaps is one routing flip (2.9 nats); a bug that
+    moves 1 % of the tokens by 1 nat stays under it and under the clear margin (11.6), so
+    only the ladder catches it: 82 tokens above 1/2 nat where the self rate allows 15."""
+    measured = lossless.tolerance([MOE_SELF])
+    assert measured["tolerance"] == 2.90625 and measured["self_above"]["0.5"] == 5
+    gaps = {f"p{i}": [1.0] + [0.0] * 99 for i in range(82)}  # 8,200 tokens, 82 at 1 nat
+    result = lossless.verdict(gaps, measured)
+    assert result["tokens_above_tolerance"] == 0 and result["tokens_at_clear_margin"] == 0
+    assert not result["pass"]
+    assert 0.5 in result["ladder_over"] and 0.25 in result["ladder_over"]
+    rung = next(r for r in result["ladder"] if r["above"] == 0.5)
+    assert rung == {"above": 0.5, "tokens": 82, "self": 5, "allowed": 15}
+    without_ladder = {k: v for k, v in measured.items() if k != "self_above"}
+    assert lossless.verdict(gaps, without_ladder)["pass"]  # the rule before the ladder
+
+
+def test_the_recorded_honest_runs_pass_the_ladder():
+    """Served gaps like the fourth run's MLA chain (8,192 tokens: 30 above 1/32, 7, 6, 6, 5
+    above 1/2, 2 above 1 nat, max 1.65625) against that run's self comparison: within chance
+    at every rung."""
+    measured = lossless.tolerance([MOE_SELF])
+    served = [0.0] * 8162 + [1 / 32] * 23 + [1 / 16] * 1 + [1 / 2] * 1 + [1.0] * 3
+    served += [1.5, 1.65625]
+    assert len(served) == 8192
+    result = lossless.verdict({"all": served}, measured)
+    assert result["pass"], result["ladder"]
+    assert result["ladder_over"] == []
+
+
+def test_rate_upper_is_the_poisson_bound():
+    assert lossless.rate_upper(0) == pytest.approx(2.9957, abs=1e-3)  # the rule of three
+    assert lossless.rate_upper(1) == pytest.approx(4.7439, abs=1e-3)
+    assert lossless.rate_upper(10) == pytest.approx(17.0, abs=0.05)
+    assert lossless.allowed_count(8192, 0, 16384, 1e-3) == lossless.allowed_above(8192, 16384)
+
+
 def test_allowed_above_is_the_poisson_quantile():
     # lambda = 3: P(X > 9) = 0.0011, P(X > 10) = 0.0003
     assert lossless.allowed_above(100, 100) == 10
