@@ -49,7 +49,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -76,6 +76,7 @@ __all__ = [
     "target_forward",
     "teacher_forced_acceptance",
     "teacher_forced_rows",
+    "teacher_forced_rows_shared",
     "use_eager_experts",
 ]
 
@@ -246,13 +247,19 @@ def collect_hidden_states(model, input_ids: torch.Tensor, **forward_kwargs):
 
 
 @torch.no_grad()
-def target_forward(target, ids: Sequence[int] | torch.Tensor, aux_layer_ids: Sequence[int]):
-    """Full causal target forward. Returns ``(logits [N, V] fp32, aux [N, K*H])``."""
-    device = next(target.parameters()).device
-    input_ids = torch.as_tensor(
-        list(ids) if not torch.is_tensor(ids) else ids, dtype=torch.long, device=device
-    ).reshape(1, -1)
-    logits, hidden = collect_hidden_states(target, input_ids)
+def target_forward(
+    target, ids: Sequence[int] | torch.Tensor, aux_layer_ids: Sequence[int], states=None
+):
+    """Full causal target forward. Returns ``(logits [N, V] fp32, aux [N, K*H])``.
+    ``states``: :func:`collect_hidden_states`' result for these ids, computed already (one
+    forward shared by several drafters on the same text, whatever their aux ids)."""
+    if states is None:
+        device = next(target.parameters()).device
+        input_ids = torch.as_tensor(
+            list(ids) if not torch.is_tensor(ids) else ids, dtype=torch.long, device=device
+        ).reshape(1, -1)
+        states = collect_hidden_states(target, input_ids)
+    logits, hidden = states
     aux = torch.cat([hidden[k][0] for k in aux_layer_ids], dim=-1)
     return logits[0].float(), aux
 
@@ -616,6 +623,7 @@ def teacher_forced_acceptance(
     position_offset: int = 0,
     proposer: Proposer | None = None,
     judge_past_end: bool = True,
+    states=None,
 ) -> dict[str, Any]:
     """The chain loop of :func:`speculative_generate`, teacher-forced on a given continuation
     (e.g. the tokens a server emitted), so served and reference acceptance are counted on the
@@ -642,6 +650,9 @@ def teacher_forced_acceptance(
     j / cycles that accepted j - 1; None where no cycle reached j), and
     ``target_disagreements``: continuation positions where the target's greedy token
     differs from the given one (0 for a lossless server up to near-ties).
+
+    ``states``: the target's :func:`collect_hidden_states` over ``prompt + continuation``,
+    when the caller has it (:func:`teacher_forced_rows_shared`); else computed here.
     """
     if num_steps < 1:
         raise ValueError("num_steps must be >= 1")
@@ -653,7 +664,7 @@ def teacher_forced_acceptance(
     emitted_per_cycle: list[int] = []
     disagreements = 0
     if cont:
-        logits, aux_all = target_forward(target, prompt + cont, aux_layer_ids)
+        logits, aux_all = target_forward(target, prompt + cont, aux_layer_ids, states)
         greedy = torch.argmax(logits[len(prompt) - 1 : -1], dim=-1).tolist()
         disagreements = sum(int(g != t) for g, t in zip(greedy, cont, strict=True))
     if cont and proposer is None:
@@ -738,12 +749,46 @@ def teacher_forced_rows(
             aux_layer_ids,
             position_offset=position_offset,
         )
-        if isinstance(prompt, dict) and "id" in prompt:
-            row = {"id": prompt["id"], **row}
-        verify = output.get("meta_info", {}).get("spec_verify_ct")
-        if verify is not None:
-            row["served_cycles"] = verify
-        rows.append(row)
+        rows.append(_served_row(prompt, output, row))
+    return rows
+
+
+def _served_row(prompt, output: dict, row: dict[str, Any]) -> dict[str, Any]:
+    """A teacher-forced row with the prompt's ``id`` and the server's cycle count."""
+    if isinstance(prompt, dict) and "id" in prompt:
+        row = {"id": prompt["id"], **row}
+    verify = output.get("meta_info", {}).get("spec_verify_ct")
+    if verify is not None:
+        row["served_cycles"] = verify
+    return row
+
+
+@torch.no_grad()
+def teacher_forced_rows_shared(
+    target,
+    drafters: Mapping[str, Any],
+    prompts: Sequence[Sequence[int] | dict],
+    outputs: Sequence[dict],
+    num_steps: int = 3,
+) -> dict[str, list[dict[str, Any]]]:
+    """:func:`teacher_forced_rows` for several drafters on the same served text, with one
+    target forward per prompt for all of them (each reads its own aux ids from it): what an
+    off-by-one comparison needs, at a third of the target work for three drafters."""
+    if len(prompts) != len(outputs):
+        raise ValueError(f"{len(prompts)} prompts but {len(outputs)} served outputs")
+    device = next(target.parameters()).device
+    rows: dict[str, list[dict[str, Any]]] = {name: [] for name in drafters}
+    for prompt, output in zip(prompts, outputs, strict=True):
+        ids = [int(t) for t in (prompt["input_ids"] if isinstance(prompt, dict) else prompt)]
+        cont = [int(t) for t in output["output_ids"]]
+        states = None
+        if cont:
+            input_ids = torch.tensor([ids + cont], dtype=torch.long, device=device)
+            states = collect_hidden_states(target, input_ids)
+        for name, drafter in drafters.items():
+            row = teacher_forced_acceptance(target, drafter, ids, cont, num_steps, states=states)
+            rows[name].append(_served_row(prompt, output, row))
+        del states
     return rows
 
 

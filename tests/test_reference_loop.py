@@ -568,6 +568,46 @@ def test_teacher_forced_rows_from_served_outputs(ref_target, ref_drafter):
         ref.teacher_forced_rows(ref_target, ref_drafter, prompts[:2], outputs, num_steps=2)
 
 
+def test_shared_target_forward_gives_each_drafter_its_own_rows(
+    ref_target, ref_target_dir, monkeypatch
+):
+    """Several drafters on one text, one target forward per prompt: the rows equal
+    teacher_forced_rows' for each drafter alone, also for a drafter whose aux ids are shifted
+    (it reads other layers of the same forward)."""
+    trained = make_drafter(ref_target_dir)
+    shifted = make_drafter(ref_target_dir, seed=1)
+    shifted.config.eagle_aux_hidden_state_layer_ids = [a - 1 for a in AUX_IDS]
+    prompts = [{"id": f"p{i}", "input_ids": _prompt(700 + i, 10 + i)} for i in range(3)]
+    outputs = [
+        {"output_ids": ref.speculative_generate(ref_target, trained, p["input_ids"], 2, 9).tokens}
+        for p in prompts
+    ]
+    outputs.append({"output_ids": []})  # a request that emitted nothing
+    prompts.append({"id": "p3", "input_ids": _prompt(703, 8)})
+    full_lengths = {
+        len(p["input_ids"]) + len(o["output_ids"]) for p, o in zip(prompts, outputs, strict=True)
+    }
+    forwards = []  # target forwards over a whole prompt + continuation
+    collect = ref.collect_hidden_states
+
+    def counting(model, input_ids, **kw):
+        if model is ref_target and input_ids.shape[1] in full_lengths:
+            forwards.append(input_ids.shape[1])
+        return collect(model, input_ids, **kw)
+
+    monkeypatch.setattr(ref, "collect_hidden_states", counting)
+    shared = ref.teacher_forced_rows_shared(
+        ref_target, {"trained": trained, "shifted": shifted}, prompts, outputs, num_steps=2
+    )
+    assert len(forwards) == 3  # one per prompt with a continuation, for both drafters
+    for name, drafter in (("trained", trained), ("shifted", shifted)):
+        alone = ref.teacher_forced_rows(ref_target, drafter, prompts, outputs, num_steps=2)
+        assert shared[name] == alone, name
+    assert shared["trained"] != shared["shifted"]  # the shift reads other states
+    with pytest.raises(ValueError, match="3 prompts but 4"):
+        ref.teacher_forced_rows_shared(ref_target, {"t": trained}, prompts[:3], outputs)
+
+
 def test_aux_hidden_states_are_the_states_entering_the_layers(ref_target):
     ids = _prompt(3, 15)
     states = ref.aux_hidden_states(ref_target, ids, [0, 2, LAYERS])

@@ -59,11 +59,15 @@ def pytest_runtest_logreport(report):
     """Record each GPU test's outcome so the results JSON says which criteria held."""
     if "tests/gpu/" not in report.nodeid:
         return
-    from harness import DURATIONS, OUTCOMES
+    import time
+
+    from harness import DURATIONS, FINISHED_AT, OUTCOMES
 
     name = report.nodeid.split("::", 1)[-1]
     if report.when in ("setup", "call"):
         DURATIONS[name] = round(DURATIONS.get(name, 0.0) + report.duration, 1)
+    if report.when == "teardown":  # the timeline: where the suite's time went, gaps included
+        FINISHED_AT[name] = time.strftime("%H:%M:%S", time.gmtime(getattr(report, "stop", None)))
     if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
         OUTCOMES[name] = report.outcome
     if report.when == "call":

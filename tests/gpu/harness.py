@@ -15,6 +15,7 @@ __all__ = [
     "BASE_FLAGS",
     "EXTRA_ARGS",
     "DURATIONS",
+    "FINISHED_AT",
     "OUTCOMES",
     "SPEC_FLAGS",
     "STOCK_ENV",
@@ -28,6 +29,7 @@ SPEC_FLAGS = spec_flags((3, 1, 4))  # the setting every GPU test server uses
 EXTRA_ARGS = os.environ.get("SGLANG_EXT_SERVER_ARGS", "").split()
 OUTCOMES: dict[str, str] = {}  # test id -> passed/failed/skipped, filled by conftest
 DURATIONS: dict[str, float] = {}  # test id -> seconds (setup + call), filled by conftest
+FINISHED_AT: dict[str, str] = {}  # test id -> UTC time its teardown ended, filled by conftest
 
 
 class Server(_LaunchServer):
