@@ -21,6 +21,14 @@
 #   bash node/gpu_node.sh speed-bench [args]   python -m sglang_ext_tools.bench_speed -> $OUT
 #                                              (fixtures ready)
 #
+# The speed benchmark on SGLang 0.5.23 (one nvidia-h200, the ferried wheel set):
+#   bash node/gpu_node.sh speed-one-start [bench args]
+#                                              carry .wh/s1: speed-start's pipeline with the
+#                                              site /tmp/site523 (its widen stages and the
+#                                              benchmark wait for one-install)
+#   bash node/gpu_node.sh ferry-recv           carry .ferry/BUNDLE/part-KK + manifest.json
+#   bash node/gpu_node.sh one-install BUNDLE   then speed-wait [SECS] as above
+#
 # Where a verify cycle's time goes (stock SGLang, dummy 8B-shaped weights, tau ~ 1):
 #   bash node/gpu_node.sh dummy-profile-start  carry .wh/s1: start the profile detached; then
 #                                              stage s2 ...; stage sN && install
@@ -215,6 +223,10 @@ suite-wait)
     ;;
 speed-start)
     start_detached speed-pipeline "$SPEED" SPEED_BENCH_ARGS "$@"
+    ;;
+speed-one-start)
+    # the pipeline's $SITE (its header reads SGLANG_EXT_SITE): what one-install fills
+    SGLANG_EXT_SITE=/tmp/site523 start_detached speed-pipeline "$SPEED" SPEED_BENCH_ARGS "$@"
     ;;
 speed-pipeline)
     # base -> (after `install`) widen-target || drafter nbr=true || drafter nbr=false
