@@ -15,7 +15,13 @@ function at the large one's cost:
   small_group`` and KV head ``g`` stays ``g``; unused big heads read zeros and their
   ``o_proj`` columns are zero;
 - extra decoder layers are identity residual blocks: random q/k/v/gate/up (so the layer
-  costs what a real one does), zero ``o_proj`` and ``down_proj`` (so it adds exactly 0).
+  costs what a real one does), zero ``o_proj`` and ``down_proj`` (so it adds exactly 0);
+- the vocabulary may grow (``Shape.vocab`` / ``Shape.draft_vocab``, None: keep): new
+  ``embed_tokens`` and ``lm_head`` rows are zero, so a new id's logit is exactly 0 and the
+  argmax over the big vocabulary stays the small one's wherever the small top-1 logit is
+  positive (the fixture builders check that); a drafter's draft->target map (speculators'
+  ``d2t``/``t2d``) keeps its draft ids and maps each new draft id to an unused target id
+  (draft i -> target i for a full-vocabulary drafter).
 
 The same rules widen a speculators drafter (its ``fc`` reads ``num_aux`` hidden-width
 blocks and its first layer reads ``cat(embeds, hidden)``). Which parameter has which
@@ -36,8 +42,10 @@ import torch
 # Axis kinds: how one tensor dimension maps from the small model into the big one.
 #   hidden   residual-stream width               pair   cat(embeds, hidden): 2 x hidden
 #   aux      cat of num_aux target hidden states  q/kv   query / key-value heads x head_dim
-#   inter    MLP width                           vocab  (draft) vocabulary, unchanged
-# A 1-d "norm" tensor is an RMSNorm weight over hidden (or aux) and gets 1/sqrt(r).
+#   inter    MLP width                           vocab  target vocabulary (rows: zero-padded)
+#   draft    a drafter's draft vocabulary (rows: zero-padded to Shape.draft_vocab)
+# A 1-d "norm" tensor is an RMSNorm weight over hidden (or aux) and gets 1/sqrt(r);
+# "vocab_map" marks speculators' d2t/t2d (rebuilt by widen_vocab_mapping).
 TARGET_LAYOUT: dict[str, tuple[str, ...]] = {
     "model.embed_tokens.weight": ("vocab", "hidden"),
     "model.norm.weight": ("norm:hidden",),
@@ -59,9 +67,9 @@ DRAFTER_LAYOUT: dict[str, tuple[str, ...]] = {
     "fc.weight": ("hidden", "aux"),
     "input_norm.weight": ("norm:aux",),
     "norm.weight": ("norm:hidden",),
-    "lm_head.weight": ("vocab", "hidden"),
-    "d2t": ("copy",),
-    "t2d": ("copy",),
+    "lm_head.weight": ("draft", "hidden"),
+    "d2t": ("vocab_map",),
+    "t2d": ("vocab_map",),
 }
 # speculators' first draft layer reads cat(embeds, hidden) and owns a second norm.
 FIRST_DRAFT_LAYER_LAYOUT: dict[str, tuple[str, ...]] = {
@@ -81,13 +89,17 @@ class WidenError(ValueError):
 
 @dataclass(frozen=True)
 class Shape:
-    """The attention/MLP shape of one side (small or big)."""
+    """The attention/MLP shape of one side (small or big). ``vocab`` / ``draft_vocab`` are
+    read on the big side only: the (draft) vocabulary to zero-pad to; None keeps the small
+    model's (``from_config`` leaves them None)."""
 
     hidden: int
     heads: int
     kv_heads: int
     head_dim: int
     intermediate: int
+    vocab: int | None = None
+    draft_vocab: int | None = None
 
     @classmethod
     def from_config(cls, cfg: Mapping) -> Shape:
@@ -155,16 +167,32 @@ class Widening:
         raise WidenError(f"unknown axis kind {kind!r}")
 
     def widen(self, name: str, tensor: torch.Tensor, layout: Sequence[str]) -> torch.Tensor:
-        """The big tensor for one small tensor, zeros outside the small model's positions."""
-        return widen_tensor(self.index, lambda _kind: self.ratio, name, tensor, layout)
+        """The big tensor for one small tensor, zeros outside the small model's positions
+        (new vocabulary rows included)."""
+        out = widen_tensor(self.index, lambda _kind: self.ratio, name, tensor, layout)
+        rows = {"vocab": self.big.vocab, "draft": self.big.draft_vocab}.get(layout[0])
+        return pad_rows(name, out, rows)
+
+
+def pad_rows(name: str, tensor: torch.Tensor, rows: int | None) -> torch.Tensor:
+    """``tensor`` with zero rows appended up to ``rows`` (None: unchanged). Zero rows of an
+    ``lm_head`` give logit exactly 0; zero rows of ``embed_tokens`` are never looked up (only
+    real ids are fed) and, tied, are that zero ``lm_head``."""
+    if rows is None or rows == tensor.shape[0]:
+        return tensor
+    if rows < tensor.shape[0]:
+        raise WidenError(f"{name}: vocabulary shrinks {tensor.shape[0]} -> {rows}")
+    out = torch.zeros((rows, *tensor.shape[1:]), dtype=tensor.dtype)
+    out[: tensor.shape[0]] = tensor
+    return out
 
 
 def widen_tensor(index, norm_ratio, name: str, tensor: torch.Tensor, layout: Sequence[str]):
     """One small tensor placed in its big shape: ``index(kind)`` gives (big positions of the
-    small axis, big length) per axis kind, zeros elsewhere ("vocab" and "keep" axes stay as
-    they are); a ("norm:KIND",) RMSNorm weight is divided by sqrt(norm_ratio(KIND)), the
-    big/small ratio of the width it averages over, and so is its padding (a norm over zeros
-    contributes nothing either way)."""
+    small axis, big length) per axis kind, zeros elsewhere ("vocab", "draft" and "keep" axes
+    stay as they are: ``Widening.widen`` pads vocabulary rows afterwards); a ("norm:KIND",)
+    RMSNorm weight is divided by sqrt(norm_ratio(KIND)), the big/small ratio of the width it
+    averages over, and so is its padding (a norm over zeros contributes nothing either way)."""
     if layout == ("copy",):
         return tensor.clone()
     if len(layout) == 1 and layout[0].startswith("norm:"):
@@ -178,7 +206,7 @@ def widen_tensor(index, norm_ratio, name: str, tensor: torch.Tensor, layout: Seq
     if len(layout) != tensor.dim():
         raise WidenError(f"{name}: layout {layout} does not fit shape {tuple(tensor.shape)}")
     maps = [
-        (torch.arange(size), size) if kind in ("vocab", "keep") else index(kind)
+        (torch.arange(size), size) if kind in ("vocab", "draft", "keep") else index(kind)
         for size, kind in zip(tensor.shape, layout, strict=True)
     ]
     _check_shape(name, tensor, tuple(len(idx) for idx, _ in maps))
@@ -193,8 +221,7 @@ def widen_tensor(index, norm_ratio, name: str, tensor: torch.Tensor, layout: Seq
 def _check_shape(name: str, tensor: torch.Tensor, expected: tuple[int, ...]) -> None:
     if tuple(tensor.shape) != expected:
         raise WidenError(
-            f"{name}: expected shape {expected} from the small config, found "
-            f"{tuple(tensor.shape)}"
+            f"{name}: expected shape {expected} from the small config, found {tuple(tensor.shape)}"
         )
 
 
@@ -240,9 +267,10 @@ def map_aux_ids(
 
 def widened_fields(small: Mapping, big: Shape) -> dict:
     """The HF config fields that change when ``small`` is widened into ``big``: the shape,
-    and ``rms_norm_eps`` divided by r so every RMSNorm output stays the same."""
+    ``rms_norm_eps`` divided by r so every RMSNorm output stays the same, and ``vocab_size``
+    when ``big.vocab`` is set."""
     ratio = big.hidden / int(small["hidden_size"])
-    return dict(
+    fields = dict(
         hidden_size=big.hidden,
         num_attention_heads=big.heads,
         num_key_value_heads=big.kv_heads,
@@ -250,10 +278,16 @@ def widened_fields(small: Mapping, big: Shape) -> dict:
         intermediate_size=big.intermediate,
         rms_norm_eps=float(small["rms_norm_eps"]) / ratio,
     )
+    if big.vocab is not None:
+        if big.vocab < int(small["vocab_size"]):
+            raise WidenError(f"vocab_size shrinks {small['vocab_size']} -> {big.vocab}")
+        fields["vocab_size"] = big.vocab
+    return fields
 
 
 def widen_llama_config(small: Mapping, big: Shape, num_layers: int) -> dict:
-    """The big target's config.json: same vocabulary, RoPE and dtype; eps divided by r."""
+    """The big target's config.json: same RoPE, dtype and ``tie_word_embeddings``; eps
+    divided by r; ``vocab_size`` = ``big.vocab`` when set."""
     cfg = {**small, **widened_fields(small, big), "num_hidden_layers": num_layers}
     if "layer_types" in cfg:
         cfg["layer_types"] = ["full_attention"] * num_layers
@@ -327,10 +361,95 @@ def drafter_layout(name: str) -> tuple[str, ...]:
     raise WidenError(f"drafter tensor {name!r} has no declared layout")
 
 
+def drafter_vocab_sizes(small_state: Mapping[str, torch.Tensor]) -> tuple[int, int] | None:
+    """(target vocab, draft vocab) of a speculators drafter's tensors, None if they do not
+    say. speculators' DraftVocabMixin._init_vocab (speculators/model.py): ``t2d`` is a bool
+    [verifier vocab], ``d2t`` an int64 [draft vocab], ``embed_tokens`` has verifier-vocab
+    rows and ``lm_head`` draft-vocab rows; without a mapping the two vocabularies are one."""
+    if "d2t" in small_state and "t2d" in small_state:
+        return int(small_state["t2d"].shape[0]), int(small_state["d2t"].shape[0])
+    if "lm_head.weight" in small_state:
+        draft = int(small_state["lm_head.weight"].shape[0])
+        embed = small_state.get("embed_tokens.weight")
+        return (int(embed.shape[0]) if embed is not None else draft), draft
+    return None
+
+
+def widen_vocab_mapping(
+    small_d2t: torch.Tensor | None, small_vocab: int, big_vocab: int, big_draft: int
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """speculators' (d2t, t2d) for a draft vocabulary of ``big_draft`` over a target
+    vocabulary of ``big_vocab``, keeping the small drafter's map (identity when
+    ``small_d2t`` is None) for its draft ids.
+
+    Conventions (speculators/train/vocab_mapping.py: build_vocab_mappings_from_distribution;
+    speculators/model.py: DraftVocabMixin._init_vocab / load_vocab_mappings): ``d2t`` is
+    int64 [draft vocab] with target id = draft id + d2t[draft id]; ``t2d`` is bool [target
+    vocab], True exactly at the target ids some draft id maps to; target ids ascending in
+    draft order. SGLang 0.5.23 reads only ``d2t`` (sglang/srt/models/llama_eagle3.py:
+    LlamaForCausalLMEagle3.load_weights: hot_token_id = d2t + arange) and skips ``t2d``.
+
+    New draft ids map, in order, to the lowest unused target ids above every mapped one
+    (then to lower unused ones), so a full-vocabulary small drafter gets draft i -> target
+    i (d2t all zero, t2d True below ``big_draft``). None when the result is the identity
+    over the whole target vocabulary: speculators registers no d2t/t2d then.
+    """
+    small_draft = small_vocab if small_d2t is None else int(small_d2t.shape[0])
+    targets = torch.arange(small_draft) + (0 if small_d2t is None else small_d2t.long())
+    if big_vocab < small_vocab or big_draft < small_draft:
+        raise WidenError(
+            f"vocabulary shrinks: target {small_vocab} -> {big_vocab}, "
+            f"draft {small_draft} -> {big_draft}"
+        )
+    if targets.numel() and (
+        int(targets.min()) < 0
+        or int(targets.max()) >= small_vocab
+        or targets.unique().numel() != small_draft
+    ):
+        raise WidenError("small d2t maps draft ids outside the target vocabulary or twice")
+    if big_draft > big_vocab:
+        raise WidenError(f"draft vocabulary {big_draft} exceeds the target's {big_vocab}")
+    used = torch.zeros(big_vocab, dtype=torch.bool)
+    used[targets] = True
+    free = (~used).nonzero().flatten()
+    top = int(targets.max()) if targets.numel() else -1
+    free = torch.cat([free[free > top], free[free <= top]])
+    targets = torch.cat([targets, free[: big_draft - small_draft]])
+    if big_draft == big_vocab and torch.equal(targets, torch.arange(big_vocab)):
+        return None
+    t2d = torch.zeros(big_vocab, dtype=torch.bool)
+    t2d[targets] = True
+    return (targets - torch.arange(big_draft)).to(torch.int64), t2d
+
+
 def widen_drafter_state(
     small_state: Mapping[str, torch.Tensor], widening: Widening
 ) -> dict[str, torch.Tensor]:
-    return {name: widening.widen(name, t, drafter_layout(name)) for name, t in small_state.items()}
+    """The big drafter's tensors: widened as declared, vocabulary rows padded to
+    ``widening.big.vocab`` / ``.draft_vocab`` and d2t/t2d rebuilt for the new sizes (copied
+    when both stay)."""
+    out = {
+        name: widening.widen(name, t, layout)
+        for name, t in small_state.items()
+        if (layout := drafter_layout(name)) != ("vocab_map",)
+    }
+    maps = {name: small_state[name].clone() for name in ("d2t", "t2d") if name in small_state}
+    sizes = drafter_vocab_sizes(small_state)
+    big = widening.big
+    if big.vocab is None and big.draft_vocab is None:
+        return {**out, **maps}
+    if sizes is None:
+        raise WidenError("cannot widen the vocabulary: the drafter has no lm_head or d2t/t2d")
+    if len(maps) == 1:
+        raise WidenError(f"drafter has {next(iter(maps))} without its partner")
+    vocab, draft = sizes
+    big_vocab, big_draft = big.vocab or vocab, big.draft_vocab or draft
+    if (big_vocab, big_draft) == (vocab, draft):
+        return {**out, **maps}
+    mapping = widen_vocab_mapping(maps.get("d2t"), vocab, big_vocab, big_draft)
+    if mapping is not None:
+        out["d2t"], out["t2d"] = mapping
+    return out
 
 
 def widen_drafter_config(
@@ -341,10 +460,14 @@ def widen_drafter_config(
     aux_ids: Sequence[int],
     verifier_architectures: Sequence[str] | None = None,
 ) -> dict:
-    """The big drafter's speculators config.json (transformer_layer_config widened)."""
+    """The big drafter's speculators config.json (transformer_layer_config widened; its
+    ``vocab_size`` is speculators' verifier vocabulary, DraftVocabMixin._init_vocab, and the
+    top-level ``draft_vocab_size`` the draft one)."""
     cfg = json.loads(json.dumps(small))
     layer = cfg["transformer_layer_config"]
     layer.update(widened_fields(layer, big))
+    if big.draft_vocab is not None:
+        cfg["draft_vocab_size"] = big.draft_vocab
     cfg["eagle_aux_hidden_state_layer_ids"] = list(aux_ids)
     verifier = cfg.setdefault("speculators_config", {}).setdefault("verifier", {})
     verifier["name_or_path"] = str(verifier_dir)
@@ -446,6 +569,9 @@ def write_widened_target(
         "shape": big.__dict__,
         "placement": list(placement),
         "ratio": widening.ratio,
+        "vocab_size": int(cfg["vocab_size"]),
+        "small_vocab_size": int(small_cfg["vocab_size"]),
+        "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", False)),
         "bytes": index["metadata"]["total_size"],
         "shards": len(set(index["weight_map"].values())),
     }
@@ -481,4 +607,18 @@ def write_widened_drafter(
     out_dir.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in state.items()}, str(out_dir / "model.safetensors"))
     (out_dir / "config.json").write_text(json.dumps(cfg, indent=2))
-    return {"dir": str(out_dir), "aux_ids": big_ids, "small_aux_ids": list(small_ids)}
+    info = {"dir": str(out_dir), "aux_ids": big_ids, "small_aux_ids": list(small_ids)}
+    info.update(
+        vocab_size=int(cfg["transformer_layer_config"]["vocab_size"]),
+        draft_vocab_size=int(cfg.get("draft_vocab_size", layer["vocab_size"])),
+        small_vocab_size=int(layer["vocab_size"]),
+        small_draft_vocab_size=int(small_cfg.get("draft_vocab_size", layer["vocab_size"])),
+    )
+    if "d2t" in state:
+        target_ids = state["d2t"] + torch.arange(state["d2t"].shape[0])
+        info["vocab_mapping"] = {
+            "t2d_sum": int(state["t2d"].sum()),
+            "d2t_nonzero": int(state["d2t"].count_nonzero()),
+            "max_target_id": int(target_ids.max()),
+        }
+    return info

@@ -1,6 +1,7 @@
 """sglang_ext_tools.fixtures.make_speed_fixtures at tiny scale on CPU: every stage runs, the
-widened target keeps the small target's logits, and the nbr-false drafter converts with no
-differences."""
+widened target keeps the small target's logits (vocabulary zero-padded, argmax never on a
+padded id), the drafters get a bigger draft vocabulary with unchanged proposals, and the
+nbr-false drafter converts with no differences."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,7 +27,11 @@ def speed_fixtures(tmp_path_factory):
 def test_all_stages_write_their_reports(speed_fixtures):
     out, stages = speed_fixtures
     assert set(stages) == {
-        "base", "drafter-nbr-true", "drafter-nbr-false", "widen-target", "widen-drafters"
+        "base",
+        "drafter-nbr-true",
+        "drafter-nbr-false",
+        "widen-target",
+        "widen-drafters",
     }
     base = stages["base"]
     assert base["small_target"]["num_layers"] == 6
@@ -64,3 +70,115 @@ def test_drafters_are_widened_and_the_plain_one_converts_exactly(speed_fixtures)
     assert converted["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 4, 7]
     notes = (out / "drafter-8b-nbr-false-sglang" / "CONVERTED.md").read_text()
     assert "No behaviour differences." in notes
+
+
+def test_widened_target_has_the_big_vocabulary(speed_fixtures):
+    out, stages = speed_fixtures
+    stage = stages["widen-target"]
+    target, check = stage["target_8b"], stage["function_check"]
+    assert (target["vocab_size"], target["small_vocab_size"]) == (2048, 512)
+    assert target["tie_word_embeddings"] is False
+    assert target["lm_head_extra_bytes"] == (2048 - 512) * 64 * 2
+    cfg = json.loads((out / "target-8b" / "config.json").read_text())
+    small_cfg = json.loads((out / "small-target" / "config.json").read_text())
+    assert cfg["vocab_size"] == 2048
+    assert cfg["tie_word_embeddings"] == small_cfg["tie_word_embeddings"]
+    # the big target's argmax over all 2048 ids never lands on a padded one
+    assert check["top1_on_new_rows"] == 0 and check["min_top1_logit"] > 0
+    assert check["vocab"]["new_rows"] == 1536 and check["vocab"]["max_abs_new_row_logit"] == 0
+    assert check["vocab"]["positions"] == check["tokens"]
+    from safetensors.torch import load_file
+
+    tensors = {}
+    for path in (out / "target-8b").glob("*.safetensors"):
+        tensors.update(load_file(str(path)))
+    assert tensors["lm_head.weight"].shape == (2048, 64)
+    assert tensors["lm_head.weight"][512:].abs().max() == 0
+    assert tensors["model.embed_tokens.weight"].shape == (2048, 64)
+    tokenizer = json.loads((out / "target-8b" / "tokenizer.json").read_text())
+    assert len(tokenizer["model"]["vocab"]) <= 512  # the trained tokenizer, as is
+
+
+def test_widened_drafters_have_the_big_draft_vocabulary(speed_fixtures):
+    from safetensors.torch import load_file
+
+    out, stages = speed_fixtures
+    for tag in ("nbr-true", "nbr-false"):
+        info = stages["widen-drafters"]["drafters_8b"][tag]
+        assert (info["vocab_size"], info["draft_vocab_size"]) == (2048, 1024)
+        assert info["small_draft_vocab_size"] == 512
+        assert info["lm_head_extra_bytes"] == (1024 - 512) * 64 * 2
+        cfg = json.loads((out / f"drafter-8b-{tag}" / "config.json").read_text())
+        assert cfg["draft_vocab_size"] == 1024
+        assert cfg["transformer_layer_config"]["vocab_size"] == 2048
+        state = load_file(str(out / f"drafter-8b-{tag}" / "model.safetensors"))
+        assert state["d2t"].dtype == torch.int64 and state["d2t"].shape == (1024,)
+        assert state["d2t"].abs().max() == 0  # draft id i -> target id i
+        assert state["t2d"].dtype == torch.bool and state["t2d"].shape == (2048,)
+        assert state["t2d"][:1024].all() and not state["t2d"][1024:].any()
+        assert state["lm_head.weight"].shape == (1024, 64)
+        assert state["lm_head.weight"][512:].abs().max() == 0
+        assert state["embed_tokens.weight"].shape == (2048, 64)
+        # teacher-forced proposals of every TTT step, mapped to target ids, are the small one's
+        check = info["function_check"]
+        assert check["proposals_equal"] == 1.0 and check["proposals_differ"] == 0
+        assert check["ttt_steps"] == 3 and check["tokens"] == 2 * 63
+        assert check["top1_on_new_rows"] == 0 and check["min_top1_logit"] > 0
+        assert check["max_abs_diff"] <= 1e-4 and check["logit_scale"] > 0.1
+    sglang_dir = out / "drafter-8b-nbr-false-sglang"
+    converted = json.loads((sglang_dir / "config.json").read_text())
+    assert (converted["vocab_size"], converted["draft_vocab_size"]) == (2048, 1024)
+    state = load_file(str(sglang_dir / "model.safetensors"))
+    assert state["d2t"].dtype == torch.int64 and state["d2t"].shape == (1024,)
+    assert "t2d" not in state  # SGLang reads d2t only
+
+
+def test_padded_argmax_is_detected():
+    module = importlib.import_module("sglang_ext_tools.fixtures.make_speed_fixtures")
+    logits = torch.zeros(2, 3, 8)
+    logits[..., :4] = torch.tensor([1.0, 3.0, 2.0, 0.5])
+    fine = module.padded_argmax_stats(logits, 4)
+    assert fine["top1_on_new_rows"] == 0 and fine["min_top1_logit"] == 3.0
+    module.require_real_argmax(fine, "ok")
+    logits[1, 2, :4] = -1.0  # every real logit negative at one position: a padded id wins
+    bad = module.merge_argmax_stats(fine, module.padded_argmax_stats(logits, 4))
+    assert bad["top1_on_new_rows"] == 1 and bad["min_top1_logit"] == -1.0
+    assert bad["positions"] == 12
+    with pytest.raises(SystemExit, match=r"at 1 of 12 positions \(min real top-1 logit -1"):
+        module.require_real_argmax(bad, "target")
+    logits[1, 2, :4] = 0.0  # a tie with the padded rows' 0 is refused too
+    with pytest.raises(SystemExit, match="min real top-1 logit 0"):
+        module.require_real_argmax(module.padded_argmax_stats(logits, 4), "target")
+    unpadded = module.padded_argmax_stats(logits[..., :4], 4)
+    module.require_real_argmax(unpadded, "no padding: nothing to check")
+
+
+def test_function_check_fails_loudly_on_a_negative_top_logit(tmp_path):
+    """A small target whose lm_head rows are all one vector: every real logit is the same,
+    negative at about half the positions, where the padded ids' 0 wins the argmax."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from sglang_ext_tools import widen
+
+    module = importlib.import_module("sglang_ext_tools.fixtures.make_speed_fixtures")
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        model.lm_head.weight.copy_(torch.randn(1, 32).expand(64, 32))
+    model.save_pretrained(tmp_path / "small")
+    big = widen.Shape(hidden=64, heads=4, kv_heads=2, head_dim=16, intermediate=128, vocab=128)
+    widen.write_widened_target(tmp_path / "small", tmp_path / "big", big, 4, [0, 2])
+    chunks = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(1))
+    with pytest.raises(SystemExit, match=r"argmax on padded vocabulary rows at [1-9]\d* of 32"):
+        module.function_check(tmp_path / "small", tmp_path / "big", chunks, "cpu")
