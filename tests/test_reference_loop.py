@@ -577,6 +577,9 @@ def test_shared_target_forward_gives_each_drafter_its_own_rows(
     trained = make_drafter(ref_target_dir)
     shifted = make_drafter(ref_target_dir, seed=1)
     shifted.config.eagle_aux_hidden_state_layer_ids = [a - 1 for a in AUX_IDS]
+    blind = make_drafter(ref_target_dir)  # the GPU off-by-one test's no-features floor
+    with torch.no_grad():
+        blind.fc.weight.zero_()
     prompts = [{"id": f"p{i}", "input_ids": _prompt(700 + i, 10 + i)} for i in range(3)]
     outputs = [
         {"output_ids": ref.speculative_generate(ref_target, trained, p["input_ids"], 2, 9).tokens}
@@ -596,11 +599,10 @@ def test_shared_target_forward_gives_each_drafter_its_own_rows(
         return collect(model, input_ids, **kw)
 
     monkeypatch.setattr(ref, "collect_hidden_states", counting)
-    shared = ref.teacher_forced_rows_shared(
-        ref_target, {"trained": trained, "shifted": shifted}, prompts, outputs, num_steps=2
-    )
-    assert len(forwards) == 3  # one per prompt with a continuation, for both drafters
-    for name, drafter in (("trained", trained), ("shifted", shifted)):
+    drafters = {"trained": trained, "shifted": shifted, "blind": blind}
+    shared = ref.teacher_forced_rows_shared(ref_target, drafters, prompts, outputs, num_steps=2)
+    assert len(forwards) == 3  # one per prompt with a continuation, for every drafter
+    for name, drafter in drafters.items():
         alone = ref.teacher_forced_rows(ref_target, drafter, prompts, outputs, num_steps=2)
         assert shared[name] == alone, name
     assert shared["trained"] != shared["shifted"]  # the shift reads other states

@@ -309,6 +309,13 @@ def test_off_by_one_aux_ids_are_captured_as_configured(mla):
             for name, (_, drafter_dir) in drafters.items()
             if name != "trained" or trained_rows is None
         }
+        # Recorded only: the trained drafter with its fc zeroed sees no target features at all,
+        # the floor a shift could fall to (what the features are worth on this fixture).
+        loaded["no_features"] = ref.load_drafter(
+            MLA_FIXTURES / Path(drafters["trained"][1]).name, device="cuda", dtype="bfloat16"
+        )
+        with torch.no_grad():
+            loaded["no_features"].fc.weight.zero_()
         try:
             on_trained = ref.teacher_forced_rows_shared(
                 target, loaded, prompts, trained, num_steps=STEPS
@@ -341,10 +348,19 @@ def test_off_by_one_aux_ids_are_captured_as_configured(mla):
     finally:
         del target
         torch.cuda.empty_cache()
-    for shift in ("plus1", "minus1"):
+    for shift in ("plus1", "minus1", "no_features"):
         out[f"{shift}_vs_trained_same_text"] = tau_compare.ratio_interval(
             [tau_compare.reference_counts(r) for r in on_trained[shift]],
             [tau_compare.reference_counts(r) for r in on_trained["trained"]],
+        )
+    # How much of what the features add a shift loses: (tau_trained - tau_shift) /
+    # (tau_trained - tau_no_features), on the same text.
+    floor = out["no_features_vs_trained_same_text"]
+    for shift in ("plus1", "minus1"):
+        same = out[f"{shift}_vs_trained_same_text"]
+        gain = floor["tau_b"] - floor["tau_a"]
+        out[f"{shift}_share_of_feature_gain_lost"] = (
+            round((same["tau_b"] - same["tau_a"]) / gain, 4) if gain > 0 else None
         )
     RESULTS["off_by_one"] = out
     for name, found in out["features"].items():
