@@ -29,6 +29,20 @@
 #   bash node/gpu_node.sh ferry-recv           carry .ferry/BUNDLE/part-KK + manifest.json
 #   bash node/gpu_node.sh one-install BUNDLE   then speed-wait [SECS] as above
 #
+# The seed's shape (one TP8 rank of Kimi-K2.5, trained MLA + MoE widened to hidden 7168) on
+# SGLang 0.5.23, one nvidia-h200:
+#   bash node/gpu_node.sh seed-shape-start [bench args]
+#                                              carry .wh/s1: make_mla_fixtures all + widen,
+#                                              then (after one-install) bench_speed on the
+#                                              wide pair, detached
+#   bash node/gpu_node.sh ferry-recv; one-install BUNDLE   as for one-start
+#   bash node/gpu_node.sh seed-shape-wait [SECS]
+#                                              watch; fixture manifest + results -> $OUT
+#   bash node/gpu_node.sh seed-shape-bench [args]
+#                                              bench_speed on the wide pair -> $OUT
+#                                              (chain 3/1/4, 5/1/6, the seed's tree 3/4/5,
+#                                              4/4/8; batches 1 4 16; fa3 unless args say)
+#
 # Where a verify cycle's time goes (stock SGLang, dummy 8B-shaped weights, tau ~ 1):
 #   bash node/gpu_node.sh dummy-profile-start  carry .wh/s1: start the profile detached; then
 #                                              stage s2 ...; stage sN && install
@@ -77,6 +91,7 @@
 #   bash node/gpu_node.sh dummy-profile        dummy-profile-start's pipeline (from /tmp/repo)
 #   bash node/gpu_node.sh dual-pipeline        dual-start's pipeline (from /tmp/repo)
 #   bash node/gpu_node.sh one-pipeline         one-start's pipeline (from /tmp/repo)
+#   bash node/gpu_node.sh seed-shape-pipeline  seed-shape-start's pipeline (from /tmp/repo)
 #   bash node/gpu_node.sh suite-on VERSION SITE GPU PORT_BASE
 #                                              the patched copy of that SGLang, then its suite
 #   bash node/gpu_node.sh public-on SITE PORT_BASE
@@ -91,7 +106,7 @@
 set -euo pipefail
 WH=/tmp/wh SITE=${SGLANG_EXT_SITE:-/tmp/site} FIX=/tmp/fixtures MLA=/tmp/mla SUITE=/tmp/suite
 LOGS=${SGLANG_EXT_LOG_DIR:-/tmp/sglang-ext-logs} PATCHED=${SGLANG_EXT_PATCHED_DIR:-/tmp/site_patched}
-SPEED=/tmp/speed TRAIN_SITE=/tmp/site-train INSTALLED=/tmp/sglang-installed
+SPEED=/tmp/speed TRAIN_SITE=/tmp/site-train INSTALLED=/tmp/sglang-installed SEED=/tmp/seed
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -255,6 +270,51 @@ speed-pipeline)
     else
         touch "$SPEED/FAILED"
     fi
+    ;;
+seed-shape-start)
+    SGLANG_EXT_SITE=/tmp/site523 start_detached seed-shape-pipeline "$SEED" SEED_BENCH_ARGS "$@"
+    ;;
+seed-shape-pipeline)
+    # make_mla_fixtures all -> widen -> (after one-install) seed-shape-bench; ends with DONE
+    # or FAILED. Runs detached: `seed-shape-wait` only watches.
+    cd /tmp/repo
+    mla() { PYTHONPATH="$TRAIN_SITE" python3 -m sglang_ext_tools.fixtures.make_mla_fixtures \
+        --out "$MLA" --device cuda "$@"; }
+    ok=0
+    if mla --stage all >"$SEED/mla.log" 2>&1 && mla --stage widen >>"$SEED/mla.log" 2>&1; then
+        ok=1
+    fi
+    while [ ! -f "$INSTALLED" ]; do sleep 2; done
+    if [ "$ok" = 1 ]; then
+        # shellcheck disable=SC2086  # bench flags, split on purpose
+        OUT="$SEED/result" PYTHONPATH="$SITE" timeout -s INT "${SEED_BENCH_LIMIT:-900}" \
+            bash node/gpu_node.sh seed-shape-bench ${SEED_BENCH_ARGS:-} || true
+        touch "$SEED/DONE"
+    else
+        touch "$SEED/FAILED"
+    fi
+    ;;
+seed-shape-bench)
+    mkdir -p "$OUT"
+    python3 -m sglang_ext_tools.bench_speed --target "$MLA/wide-target" \
+        --drafter "$MLA/wide-drafter" --prompts "$MLA/prompts.jsonl" \
+        --fixtures-json "$MLA/mla-fixtures.json" --settings 3,1,4 5,1,6 3,4,5 4,4,8 \
+        --batches 1 4 16 --attention-backend fa3 --log-dir "$LOGS" \
+        --out-json "$OUT/seed-shape.json" --out-png "$OUT/seed-shape.png" "$@" \
+        2>&1 | tee "$OUT/bench.log"
+    status=${PIPESTATUS[0]}
+    tar -czf "$OUT/server-logs.tgz" -C "$LOGS" . 2>/dev/null
+    exit "$status"
+    ;;
+seed-shape-wait)
+    wait_for "$SEED" "${1:-540}"
+    grep -h "make_fixtures\|Error\|error\|done in" "$SEED/mla.log" 2>/dev/null | tail -n 12
+    tail -n 25 "$SEED/result/bench.log" 2>/dev/null
+    cp "$MLA/mla-fixtures.json" "$OUT"/ 2>/dev/null || true
+    cp "$SEED"/result/seed-shape.json "$SEED"/result/seed-shape.png "$OUT"/ 2>/dev/null || true
+    cp "$SEED/result/server-logs.tgz" "$OUT"/ 2>/dev/null || true
+    nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
+    [ -f "$SEED/DONE" ]
     ;;
 dummy-profile-start)
     # Stock SGLang, dummy 8B-shaped weights, tau ~ 1: where a verify cycle's time goes.
