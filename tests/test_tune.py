@@ -79,8 +79,10 @@ def test_the_command_end_to_end(tmp_path, capsys):
     [
         ({"settings": []}, "non-empty list under 'settings'"),
         ({"settings": [{"steps": 3, "topk": 1, "draft_tokens": 4}]}, "'cycle_cost' must be"),
-        ({"settings": [{"steps": 0, "topk": 1, "draft_tokens": 4, "cycle_cost": 1.3}]},
-         "settings[0]: field 'steps'"),
+        (
+            {"settings": [{"steps": 0, "topk": 1, "draft_tokens": 4, "cycle_cost": 1.3}]},
+            "settings[0]: field 'steps'",
+        ),
     ],
 )
 def test_bad_cost_files_name_the_field_and_exit_1(tmp_path, capsys, costs, message):
@@ -100,3 +102,62 @@ def test_a_broken_record_names_its_line(tmp_path, capsys):
     path.write_text(json.dumps(COSTS))
     assert main(["tune", str(records), "--costs", str(path)]) == 1
     assert f"{records}:2: not a JSON record" in capsys.readouterr().err
+
+
+def bench_result(speedups, costs=None):
+    """A bench_speed result's shape: main-drafter rows at batch 1 (and one at batch 4 and
+    one of another drafter, which the advisor must skip)."""
+    rows = []
+    for label, speedup in speedups.items():
+        steps, topk, draft = map(int, label.split("/"))
+        row = {"batch": 1, "steps": steps, "topk": topk, "draft_tokens": draft,
+               "drafter": t.BENCH_MAIN_DRAFTER, "speedup": speedup}  # fmt: skip
+        if costs:
+            row["cycle_cost_decode_steps"] = costs[label]
+        rows += [row, {**row, "batch": 4, "speedup": 0.5}, {**row, "drafter": "other"}]
+    return {"rows": rows}
+
+
+def test_costs_straight_from_a_bench_speed_result():
+    costs = t.read_costs_from(
+        bench_result({"3/1/4": 2.0, "5/1/6": 2.2}, {"3/1/4": 1.3, "5/1/6": 1.5})
+    )
+    assert costs == {t.Setting(3, 1, 4): 1.3, t.Setting(5, 1, 6): 1.5}
+    with pytest.raises(t.TuneInputError, match="no rows of 'speculators \\(plugin\\)' at batch 1"):
+        t.read_costs_from({"rows": [{"batch": 4}]}, "b.json")
+
+
+def test_the_advice_checked_against_a_measured_matrix():
+    advice = t.advise(t.measured(CHAIN), t.read_costs_from(COSTS))
+    predicted = {r["setting"]: r["speedup"] for r in advice["rows"] if r["speedup"]}
+    assert set(predicted) == {"3/1/4", "5/1/6"}  # the trees have no tau from a chain run
+    close = t.check_against(
+        advice, t.bench_rows(bench_result({k: v * 1.05 for k, v in predicted.items()}), "m")
+    )
+    assert close["pass"] and close["rank_match"]
+    assert close["max_abs_relative_error"] == pytest.approx(1 - 1 / 1.05, abs=1e-3)
+    assert close["settings"] == 2
+    far = t.check_against(
+        advice, t.bench_rows(bench_result({k: v * 1.2 for k, v in predicted.items()}), "m")
+    )
+    assert far["rank_match"] and not far["pass"]  # every prediction 17 % low
+    ranked = sorted(predicted, key=predicted.get)
+    swapped = {ranked[0]: 3.0, ranked[1]: 1.0}  # the measured order is the other way round
+    wrong = t.check_against(advice, t.bench_rows(bench_result(swapped), "m"))
+    assert not wrong["rank_match"] and not wrong["pass"]
+    with pytest.raises(t.TuneInputError, match="both a predicted and a measured"):
+        t.check_against(advice, t.bench_rows(bench_result({"3/4/8": 1.1}), "m"))
+
+
+def test_the_command_checks_itself_against_a_bench_result(tmp_path, capsys):
+    records = tmp_path / "acceptance.jsonl"
+    records.write_text("".join(json.dumps(r) + "\n" for r in CHAIN))
+    costs = tmp_path / "costs.json"
+    costs.write_text(json.dumps(COSTS))
+    advice = t.advise(t.measured(CHAIN), t.read_costs_from(COSTS))
+    speedups = {r["setting"]: r["speedup"] for r in advice["rows"] if r["speedup"]}
+    measured_path = tmp_path / "bench.json"
+    measured_path.write_text(json.dumps(bench_result(speedups)))
+    assert main(["tune", str(records), "--costs", str(costs), "--against", str(measured_path)]) == 0
+    out = capsys.readouterr().out
+    assert "ranking matches" in out and "largest error 0.0 %" in out and ": pass" in out

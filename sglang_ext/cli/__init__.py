@@ -90,7 +90,14 @@ def build_parser(json_errors: bool = False) -> argparse.ArgumentParser:
         type=Path,
         required=True,
         help='cycle costs in decode steps: {"settings": [{"steps", "topk", "draft_tokens", '
-        '"cycle_cost"}]} from a zero-acceptance probe',
+        '"cycle_cost"}]} from a zero-acceptance probe, or a bench_speed result (its batch-1 '
+        "rows' cycle_cost_decode_steps)",
+    )
+    tune.add_argument(
+        "--against",
+        type=Path,
+        help="a bench_speed result of the same settings: check the advice against it (ranking "
+        "at batch 1 and each predicted speedup within 10 %%)",
     )
     tune.add_argument("--json", action="store_true", help="machine-readable advice")
 
@@ -156,4 +163,3 @@ def run(argv: list[str]) -> int:
         exit_codes.emit(json.dumps(result, indent=2))
         return exit_codes.OK
     return exit_codes.USAGE
-

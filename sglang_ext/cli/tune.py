@@ -16,7 +16,15 @@ so every cycle emits one token, timed against no speculation). tau per setting i
   what the extra branches would accept. Serve it once (the plugin records it) and run again.
 
 The recommendation is the setting with the highest speedup among those with a tau.
-Imports nothing of SGLang; reads only the two files it is given.
+
+Cycle costs come from a ``{"settings": [...]}`` file or straight from a
+``sglang_ext_tools.bench_speed`` result (its ``rows`` at batch 1 carry
+``cycle_cost_decode_steps``: run it with dummy weights for a zero-acceptance probe).
+``--against`` another bench_speed result checks the advice against what was measured: the
+predicted ranking of the settings both have against the measured one at batch 1, and each
+predicted speedup's relative error (the setting advisor's acceptance test: same ranking,
+every error within 10 %).
+Imports nothing of SGLang; reads only the files it is given.
 """
 
 from __future__ import annotations
@@ -126,7 +134,42 @@ def read_costs(path: Path) -> dict[Setting, float]:
     return read_costs_from(data, str(path))
 
 
+# bench_speed's name for the plugin-served main drafter (sglang_ext_tools/bench_speed.MAIN).
+BENCH_MAIN_DRAFTER = "speculators (plugin)"
+CHECK_TOLERANCE = 0.10
+
+
+def bench_rows(data: Any, path: str, batch: int = 1) -> dict[Setting, Mapping[str, Any]]:
+    """A bench_speed result's rows of the main drafter at ``batch``, by setting."""
+    rows = data.get("rows") if isinstance(data, dict) else None
+    if not isinstance(rows, list):
+        raise TuneInputError(f"{path}: expected a bench_speed result with a list under 'rows'")
+    out = {}
+    for index, row in enumerate(rows):
+        if row.get("batch") != batch or row.get("drafter") != BENCH_MAIN_DRAFTER:
+            continue
+        where = f"{path}: rows[{index}]"
+        out[Setting(*(_field(row, k, where) for k in ("steps", "topk", "draft_tokens")))] = row
+    if not out:
+        raise TuneInputError(
+            f"{path}: no rows of {BENCH_MAIN_DRAFTER!r} at batch {batch} (a bench_speed result)"
+        )
+    return out
+
+
 def read_costs_from(data: Any, path: str = "<costs>") -> dict[Setting, float]:
+    if isinstance(data, dict) and "rows" in data and "settings" not in data:
+        data = {  # a bench_speed result: each row's measured cycle cost
+            "settings": [
+                {
+                    "steps": s.steps,
+                    "topk": s.topk,
+                    "draft_tokens": s.draft_tokens,
+                    "cycle_cost": row.get("cycle_cost_decode_steps"),
+                }
+                for s, row in bench_rows(data, path).items()
+            ]
+        }
     rows = data.get("settings") if isinstance(data, dict) else None
     if not isinstance(rows, list) or not rows:
         raise TuneInputError(f"{path}: expected a non-empty list under 'settings'")
@@ -172,6 +215,35 @@ def advise(found: Mapping[Setting, Mapping[str, Any]], costs: Mapping[Setting, f
     return {"rows": rows, "recommended": best["setting"] if best else None}
 
 
+def check_against(advice: Mapping[str, Any], measured_rows: Mapping[Setting, Mapping]) -> dict:
+    """The advice against a measured matrix (bench_speed rows at batch 1): for the settings
+    with both a predicted and a measured speedup, whether the predicted order is the measured
+    one and how far each prediction is (relative error)."""
+    pairs = []
+    for row in advice["rows"]:
+        setting = Setting(*map(int, row["setting"].split("/")))
+        got = measured_rows.get(setting)
+        if row["speedup"] is None or got is None or got.get("speedup") is None:
+            continue
+        pairs.append((row["setting"], row["speedup"], float(got["speedup"])))
+    if not pairs:
+        raise TuneInputError("no setting has both a predicted and a measured speedup")
+    predicted = [name for name, _, _ in sorted(pairs, key=lambda p: -p[1])]
+    measured_ = [name for name, _, _ in sorted(pairs, key=lambda p: -p[2])]
+    errors = {name: round(pred / meas - 1.0, 4) for name, pred, meas in pairs}
+    worst = max(abs(e) for e in errors.values())
+    return {
+        "settings": len(pairs),
+        "predicted_order": predicted,
+        "measured_order": measured_,
+        "rank_match": predicted == measured_,
+        "relative_error": errors,
+        "max_abs_relative_error": round(worst, 4),
+        "tolerance": CHECK_TOLERANCE,
+        "pass": predicted == measured_ and worst <= CHECK_TOLERANCE,
+    }
+
+
 def render(advice: Mapping[str, Any]) -> str:
     lines = [
         f"{'setting':<10} {'tau':>6} {'cycle':>6} {'speedup':>8} {'eta':>5}  tau from",
@@ -192,12 +264,34 @@ def render(advice: Mapping[str, Any]) -> str:
             f"recommended: {best} (steps/topk/draft tokens): predicted {row['speedup']:.2f}x = "
             f"tau {row['tau']:.3f} / cycle cost {row['cycle_cost']:.3f} decode steps"
         )
+    check = advice.get("check")
+    if check:
+        lines.append(
+            f"against the measured matrix ({check['settings']} settings at batch 1): ranking "
+            f"{'matches' if check['rank_match'] else 'differs'} (predicted "
+            f"{' > '.join(check['predicted_order'])}, measured "
+            f"{' > '.join(check['measured_order'])}); largest error "
+            f"{100 * check['max_abs_relative_error']:.1f} % (tolerance "
+            f"{100 * check['tolerance']:.0f} %): {'pass' if check['pass'] else 'FAIL'}"
+        )
     return "\n".join(lines)
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise TuneInputError(f"{path}: cannot read it ({exc.strerror or exc})") from exc
+    except json.JSONDecodeError as exc:
+        raise TuneInputError(f"{path}: not JSON ({exc.msg}, line {exc.lineno})") from exc
 
 
 def main(args) -> int:
     try:
         advice = advise(measured(read_records(args.acceptance)), read_costs(args.costs))
+        against = getattr(args, "against", None)
+        if against is not None:
+            advice["check"] = check_against(advice, bench_rows(read_json(against), str(against)))
     except TuneInputError as exc:
         return exit_codes.fail("tune", exc)
     exit_codes.emit(json.dumps(advice, indent=2) if args.json else render(advice))
