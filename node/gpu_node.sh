@@ -39,9 +39,11 @@
 #   bash node/gpu_node.sh seed-shape-wait [SECS]
 #                                              watch; fixture manifest + results -> $OUT
 #   bash node/gpu_node.sh seed-shape-bench [args]
-#                                              bench_speed on the wide pair -> $OUT
-#                                              (chain 3/1/4, 5/1/6, the seed's tree 3/4/5,
-#                                              4/4/8; batches 1 4 16; fa3 unless args say)
+#                                              bench_speed on the wide pair -> $OUT (chain
+#                                              3/1/4, 5/1/6, the seed's tree 3/4/5, 4/4/8;
+#                                              batches 1 4; fa3 unless args say), the same
+#                                              with dummy weights (the cycle costs), and
+#                                              sglang-ext tune checked against the first
 #
 # Where a verify cycle's time goes (stock SGLang, dummy 8B-shaped weights, tau ~ 1):
 #   bash node/gpu_node.sh dummy-profile-start  carry .wh/s1: start the profile detached; then
@@ -295,14 +297,25 @@ seed-shape-pipeline)
     fi
     ;;
 seed-shape-bench)
+    # The trained wide pair (acceptance records per server for `sglang-ext tune`), then the
+    # same settings with dummy weights (zero acceptance: the cycle costs the advisor reads),
+    # then the advisor checked against the measured matrix. Sized for one session: the wide
+    # target decodes ~125 tok/s at batch 1, so 16 prompts x 128 tokens, 2 rounds.
     mkdir -p "$OUT"
-    python3 -m sglang_ext_tools.bench_speed --target "$MLA/wide-target" \
-        --drafter "$MLA/wide-drafter" --prompts "$MLA/prompts.jsonl" \
-        --fixtures-json "$MLA/mla-fixtures.json" --settings 3,1,4 5,1,6 3,4,5 4,4,8 \
-        --batches 1 4 16 --attention-backend fa3 --log-dir "$LOGS" \
-        --out-json "$OUT/seed-shape.json" --out-png "$OUT/seed-shape.png" "$@" \
-        2>&1 | tee "$OUT/bench.log"
+    wide() {
+        python3 -m sglang_ext_tools.bench_speed --target "$MLA/wide-target" \
+            --drafter "$MLA/wide-drafter" --prompts "$MLA/prompts.jsonl" \
+            --settings 3,1,4 5,1,6 3,4,5 4,4,8 --attention-backend fa3 --max-new-tokens 128 \
+            --batch1-requests 16 "$@"
+    }
+    wide --batches 1 4 --rounds 2 --fixtures-json "$MLA/mla-fixtures.json" \
+        --acceptance-dir "$LOGS/acceptance" --log-dir "$LOGS" --out-json "$OUT/seed-shape.json" \
+        --out-png "$OUT/seed-shape.png" "$@" 2>&1 | tee "$OUT/bench.log"
     status=${PIPESTATUS[0]}
+    wide --batches 1 --rounds 1 --server-args "--load-format dummy" --log-dir "$LOGS/probe" \
+        --out-json "$OUT/seed-shape-probe.json" 2>&1 | tee -a "$OUT/bench.log" || true
+    python3 -m sglang_ext.cli tune "$LOGS"/acceptance/*.jsonl --costs "$OUT/seed-shape-probe.json" \
+        --against "$OUT/seed-shape.json" --json >"$OUT/advisor.json" 2>>"$OUT/bench.log" || true
     tar -czf "$OUT/server-logs.tgz" -C "$LOGS" . 2>/dev/null
     exit "$status"
     ;;
@@ -312,6 +325,7 @@ seed-shape-wait)
     tail -n 25 "$SEED/result/bench.log" 2>/dev/null
     cp "$MLA/mla-fixtures.json" "$OUT"/ 2>/dev/null || true
     cp "$SEED"/result/seed-shape.json "$SEED"/result/seed-shape.png "$OUT"/ 2>/dev/null || true
+    cp "$SEED"/result/seed-shape-probe.json "$SEED"/result/advisor.json "$OUT"/ 2>/dev/null || true
     cp "$SEED/result/server-logs.tgz" "$OUT"/ 2>/dev/null || true
     nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
     [ -f "$SEED/DONE" ]

@@ -160,7 +160,7 @@ def make_servers(specs: Sequence[Mapping[str, Any]], args: argparse.Namespace) -
             args.target,
             args.port_base + k,
             drafts[spec["role"]],
-            env=dict(STOCK_ENV) if spec["stock"] else dict(spec.get("env") or {}),
+            env=server_env(spec, args),
             mem_fraction=args.mem_fraction,
             max_bs=max(args.batches),
             log_dir=Path(args.log_dir),
@@ -170,6 +170,19 @@ def make_servers(specs: Sequence[Mapping[str, Any]], args: argparse.Namespace) -
         )
         for k, spec in enumerate(specs)
     ]
+
+
+def server_env(spec: Mapping[str, Any], args: argparse.Namespace) -> dict[str, str]:
+    """A server's environment: stock SGLang's for stock servers; for a plugin server its
+    variant's, plus (``--acceptance-dir``) the plugin's per-request acceptance records in
+    DIR/NAME.jsonl, what ``sglang-ext tune`` reads."""
+    if spec["stock"]:
+        return dict(STOCK_ENV)
+    env = dict(spec.get("env") or {})
+    directory = getattr(args, "acceptance_dir", None)
+    if directory and spec.get("setting"):
+        env["SGLANG_EXT_ACCEPTANCE_JSONL"] = str(Path(directory) / f"{spec['name']}.jsonl")
+    return env
 
 
 def server_extra_args(args: argparse.Namespace) -> list[str]:
@@ -750,6 +763,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-total-tokens", type=_positive_int, help="fixed KV pool size per server (tokens)"
     )
     p.add_argument("--server-args", default="", help="extra flags for every server (one string)")
+    p.add_argument(
+        "--acceptance-dir",
+        help="plugin servers write their per-request acceptance records to DIR/SERVER.jsonl "
+        "(the input of `sglang-ext tune`)",
+    )
     p.add_argument("--startup-timeout", type=float, default=600.0)
     p.add_argument("--attention-backend", default="triton")
     p.add_argument("--port-base", type=_positive_int, default=31000)

@@ -542,3 +542,15 @@ def test_merge_puts_backends_side_by_side_and_never_overwrites(tmp_path):
     assert merged["best"]["backend"] == "fa3" and merged["goals"]["speedup_ge_2_5"] is True
     assert bs.main(args) == 2  # the output exists: not overwritten
     assert "fa3" in bs.format_table(merged["rows"])
+
+
+def test_acceptance_dir_gives_each_plugin_server_its_records_file(tmp_path):
+    specs = bs.server_specs([(3, 1, 4), (3, 4, 5)], None)
+    args = bs.parse_args(["--target", "t", "--drafter", "d", "--prompts", "p",
+                          "--acceptance-dir", str(tmp_path)])  # fmt: skip
+    envs = {s.name: s.env for s in bs.make_servers(specs, args)}
+    assert envs["spec-3-4-5"]["SGLANG_EXT_ACCEPTANCE_JSONL"] == str(tmp_path / "spec-3-4-5.jsonl")
+    assert envs["spec-3-1-4"]["SGLANG_EXT_ACCEPTANCE_JSONL"] == str(tmp_path / "spec-3-1-4.jsonl")
+    assert "SGLANG_EXT_ACCEPTANCE_JSONL" not in envs["nospec"]
+    plain = bs.parse_args(["--target", "t", "--drafter", "d", "--prompts", "p"])
+    assert all(not s.env for s in bs.make_servers(specs, plain) if s.name != "nospec")
