@@ -104,7 +104,20 @@ def _other_rows(data: dict) -> list[str]:
             f"{_verdict(_passed(data, 'test_mla_deficit_explained'))} |"
         )
     off = data.get("off_by_one")
-    if off and "plus1_vs_trained" in off:
+    if off and "plus1_vs_trained_same_text" in off:  # judged on one text since 2026-12-01
+        same = {k: off[f"{k}_vs_trained_same_text"] for k in ("plus1", "minus1")}
+        floor = off.get("no_features_vs_trained_same_text")
+        floor_text = (
+            f"; no features at all {floor['ratio']:.3f} (CI {_ci(floor['ci95'])})" if floor else ""
+        )
+        rows.append(
+            f"| aux ids shifted ±1 (MLA, {off['prompts']} prompts, the trained server's text) "
+            f"| τ ratio to the trained drafter: +1 {same['plus1']['ratio']:.3f} (CI "
+            f"{_ci(same['plus1']['ci95'])}), -1 {same['minus1']['ratio']:.3f} (CI "
+            f"{_ci(same['minus1']['ci95'])}){floor_text}; captured features match their own "
+            f"id | {_verdict(_passed(data, OFF_BY_ONE_TEST))} |"
+        )
+    elif off and "plus1_vs_trained" in off:
         rows.append(
             f"| aux ids shifted ±1 (MLA, {off['prompts']} prompts) | τ trained "
             f"{off['trained_tau']:.3f}, +1 {off['plus1_tau']:.3f} (ratio CI "
