@@ -64,3 +64,22 @@ def test_readme_block_is_the_rendering_of_the_file_it_names():
         f"README's GPU block differs from {source}: "
         f"python -m sglang_ext_tools.results_table {source} --write README.md"
     )
+
+
+def test_the_off_by_one_row_reads_the_same_text_figures_and_the_floor():
+    data = synthetic()
+    same = {"ratio": 0.975, "ci95": [0.96, 0.988], "tau_a": 2.5, "tau_b": 2.6}
+    data["outcomes"][results_table.OFF_BY_ONE_TEST] = "passed"
+    data["off_by_one"] = {
+        "prompts": 64,
+        "plus1_vs_trained_same_text": same,
+        "minus1_vs_trained_same_text": {**same, "ratio": 0.939, "ci95": [0.918, 0.958]},
+        "no_features_vs_trained_same_text": {**same, "ratio": 0.8, "ci95": [0.77, 0.83]},
+    }
+    row = next(r for r in results_table.render(data, "r.json").splitlines() if "±1" in r)
+    assert "+1 0.975 (CI [0.960, 0.988]), -1 0.939 (CI [0.918, 0.958])" in row
+    assert "no features at all 0.800 (CI [0.770, 0.830])" in row and row.endswith("**pass** |")
+    lossless = dict(data["lossless"]["plugin"], ladder=[{"above": 0.5}], ladder_over=[0.5])
+    data["lossless"]["plugin"] = lossless
+    block = results_table.render(data, "r.json")
+    assert "ladder: over the self rate above 0.5" in block
