@@ -59,6 +59,9 @@ ALONE_KEEP = frozenset(
 )
 
 RESULTS: dict = {}
+# The TP=1 phase's served outputs the TP=2 phase compares with, on the same prompts:
+# name -> {"prompts": [...], "outputs": [...]} (llama: the lossless set; mla_chain, mla_tree).
+TP1_OUTPUTS: dict[str, dict] = {}
 
 
 def gpu_info() -> dict:

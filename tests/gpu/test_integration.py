@@ -30,6 +30,7 @@ from suite import (
     RESULTS,
     TAU_NEW_TOKENS,
     TAU_PROMPTS,
+    TP1_OUTPUTS,
     equivalence,
     free_running,
     like_for_like,
@@ -62,7 +63,9 @@ def test_plugin_loads_the_speculators_drafter_and_serves(cluster):
 @pytest.fixture(scope="module")
 def plugin_outputs(cluster, llama_baseline):
     """The plugin's outputs on the lossless prompts, concurrency 1 (as the baseline)."""
-    return cluster["plugin"].generate_many(llama_baseline["ids"], MAX_NEW_TOKENS, concurrency=1)
+    outputs = cluster["plugin"].generate_many(llama_baseline["ids"], MAX_NEW_TOKENS, concurrency=1)
+    TP1_OUTPUTS["llama"] = {"prompts": llama_baseline["prompts"], "outputs": outputs}
+    return outputs
 
 
 @pytest.fixture(scope="module")

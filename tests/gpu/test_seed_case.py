@@ -24,6 +24,7 @@ from suite import (
     MLA_FIXTURES,
     MLA_NEW_TOKENS,
     RESULTS,
+    TP1_OUTPUTS,
     TREE,
     free_running,
     like_for_like,
@@ -60,6 +61,8 @@ def mla(cluster, mla_baseline):
         name: cluster[name].generate_many(ids, MLA_NEW_TOKENS, concurrency=1)
         for name in ("mla_chain", "mla_tree")
     }
+    for name in ("mla_chain", "mla_tree"):  # what the TP=2 phase compares with
+        TP1_OUTPUTS[name] = {"prompts": mla_baseline["prompts"], "outputs": outputs[name]}
     return {"cluster": cluster, "baseline": mla_baseline, "outputs": outputs}
 
 
