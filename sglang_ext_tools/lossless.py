@@ -160,7 +160,11 @@ def allowed_above(checked: int, self_tokens: int, p: float = ABOVE_TOLERANCE_P) 
     self-scored tokens lies above their own maximum: the rate is at most 3 / self_tokens)."""
     if self_tokens <= 0:
         raise ValueError("the tolerance was measured on no tokens")
-    lam = 3.0 * checked / self_tokens
+    return poisson_quantile(3.0 * checked / self_tokens, p)
+
+
+def poisson_quantile(lam: float, p: float) -> int:
+    """The smallest k with P(X > k) <= p for X ~ Poisson(lam)."""
     k, term = 0, math.exp(-lam)
     cumulative = term
     while 1.0 - cumulative > p:
@@ -246,14 +250,7 @@ def allowed_count(checked: int, self_events: int, self_tokens: int, p: float) ->
     X ~ Poisson(checked * rate_upper(self_events) / self_tokens)."""
     if self_tokens <= 0:
         raise ValueError("the tolerance was measured on no tokens")
-    lam = checked * rate_upper(self_events) / self_tokens
-    k, term = 0, math.exp(-lam)
-    cumulative = term
-    while 1.0 - cumulative > p:
-        k += 1
-        term *= lam / k
-        cumulative += term
-    return k
+    return poisson_quantile(checked * rate_upper(self_events) / self_tokens, p)
 
 
 def ladder(flat: Sequence[float], measured: Mapping) -> list[dict] | None:

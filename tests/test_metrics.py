@@ -353,6 +353,17 @@ def test_config_from_env():
 LABELS = {"model_name": "meta-llama/Llama-3.1-8B-Instruct", "engine_type": "unified"}
 
 
+def stub_spec() -> SimpleNamespace:
+    """The resolved speculative settings a tokenizer process sees (chain S steps)."""
+    return SimpleNamespace(
+        speculative_algorithm="EAGLE3",
+        speculative_num_steps=S,
+        speculative_eagle_topk=1,
+        speculative_num_draft_tokens=NUM_DRAFT_TOKENS,
+        speculative_draft_model_path="/models/drafter",
+    )
+
+
 def _metrics(registry=None):
     from prometheus_client import CollectorRegistry
 
@@ -709,13 +720,7 @@ def test_hook_on_real_tokenizer_manager_method(monkeypatch, requests_data, caplo
     # SGLang's own body: an earlier module that registered the plugin may have left it hooked.
     original = inspect.unwrap(TM.__dict__["_calculate_spec_decoding_metrics"])
     monkeypatch.setattr(TM, "_calculate_spec_decoding_metrics", original)  # restored later
-    spec = SimpleNamespace(
-        speculative_algorithm="EAGLE3",
-        speculative_num_steps=S,
-        speculative_eagle_topk=1,
-        speculative_num_draft_tokens=NUM_DRAFT_TOKENS,
-        speculative_draft_model_path="/models/drafter",
-    )
+    spec = stub_spec()
     # 0.5.23's body reads get_spec(); the runtime context is not published in a unit test.
     monkeypatch.setattr(tm_mod, "get_spec", lambda: spec, raising=False)
     reg = CollectorRegistry()
@@ -821,13 +826,7 @@ def test_hook_counts_its_cpu_time_not_the_time_it_waits(monkeypatch):
     reg = CollectorRegistry()
     recorder = m.AcceptanceRecorder(m.MetricsConfig(log_requests=False), prom_registry=reg)
     monkeypatch.setattr(m, "_RECORDER", recorder)
-    spec = SimpleNamespace(
-        speculative_algorithm="EAGLE3",
-        speculative_num_steps=S,
-        speculative_eagle_topk=1,
-        speculative_num_draft_tokens=NUM_DRAFT_TOKENS,
-        speculative_draft_model_path="/models/drafter",
-    )
+    spec = stub_spec()
     tm = SimpleNamespace(
         server_args=spec,
         enable_metrics=True,

@@ -144,6 +144,18 @@ def _speculators_logits_all_steps(model, hidden, ids, steps):
     return torch.stack([c[0] for c in captured])
 
 
+def _aux_inputs():
+    """Random aux states of the small drafter (3 x 32), token ids, and the same states
+    zero-padded to the widened drafter's 3 x 64."""
+    gen = torch.Generator().manual_seed(5)
+    hidden = torch.randn(24, 3 * 32, generator=gen)
+    ids = torch.randint(0, 256, (24,), generator=gen)
+    padded = torch.zeros(24, 3 * 64)
+    for k in range(3):
+        padded[:, k * 64 : k * 64 + 32] = hidden[:, k * 32 : (k + 1) * 32]
+    return hidden, ids, padded
+
+
 @pytest.mark.parametrize("nbr", [True, False], ids=["norm_before_residual", "plain_residual"])
 def test_widened_drafter_has_the_small_drafters_logits_for_every_step(tmp_path, nbr):
     small_target = write_target(tmp_path / "t", layers=6, hidden=32, vocab=256)
@@ -167,12 +179,7 @@ def test_widened_drafter_has_the_small_drafters_logits_for_every_step(tmp_path, 
     assert wide.config.transformer_layer_config.hidden_size == 64
     assert wide.config.norm_before_residual is nbr
 
-    gen = torch.Generator().manual_seed(5)
-    hidden = torch.randn(24, 3 * 32, generator=gen)
-    ids = torch.randint(0, 256, (24,), generator=gen)
-    padded = torch.zeros(24, 3 * 64)
-    for k in range(3):
-        padded[:, k * 64 : k * 64 + 32] = hidden[:, k * 32 : (k + 1) * 32]
+    hidden, ids, padded = _aux_inputs()
     a = _speculators_logits_all_steps(small, hidden, ids, 3)
     b = _speculators_logits_all_steps(wide, padded, ids, 3)
     assert a.shape == b.shape == (3, 24, 128)
@@ -304,12 +311,7 @@ def test_widened_draft_vocabulary_keeps_proposals(tmp_path, draft_vocab_size, bi
         assert targets[small_draft:].min() > small_targets.max()
         assert torch.equal(targets, targets.sort().values)
 
-    gen = torch.Generator().manual_seed(5)
-    hidden = torch.randn(24, 3 * 32, generator=gen)
-    ids = torch.randint(0, 256, (24,), generator=gen)
-    padded = torch.zeros(24, 3 * 64)
-    for k in range(3):
-        padded[:, k * 64 : k * 64 + 32] = hidden[:, k * 32 : (k + 1) * 32]
+    hidden, ids, padded = _aux_inputs()
     a, proposed_small = _proposals(small, hidden, ids, 3)
     b, proposed_wide = _proposals(wide, padded, ids, 3)
     torch.testing.assert_close(b[..., :small_draft], a, rtol=1e-4, atol=1e-4)
