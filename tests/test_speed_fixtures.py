@@ -63,6 +63,11 @@ def test_drafters_are_widened_and_the_plain_one_converts_exactly(speed_fixtures)
         cfg = json.loads((out / f"drafter-8b-{tag}" / "config.json").read_text())
         assert cfg["norm_before_residual"] is nbr
         assert cfg["transformer_layer_config"]["hidden_size"] == 64
+        # the MLP zero-padded to the published width (TINY: 128), not kept at the trained one
+        small = json.loads((out / f"small-drafter-{tag}" / "config.json").read_text())
+        assert small["transformer_layer_config"]["intermediate_size"] < 128
+        assert cfg["transformer_layer_config"]["intermediate_size"] == 128
+        assert drafters[tag]["intermediate_size"] == 128
         assert cfg["speculators_config"]["verifier"]["name_or_path"] == str(out / "target-8b")
     converted = json.loads((out / "drafter-8b-nbr-false-sglang" / "config.json").read_text())
     assert converted["architectures"] == ["LlamaForCausalLMEagle3"]
