@@ -735,22 +735,10 @@ def teacher_forced_rows(
     text (every prompt identical) and ``acceptance.pooled_per_position(rows)`` pools the
     per-position counts.
     """
-    if len(prompts) != len(outputs):
-        raise ValueError(f"{len(prompts)} prompts but {len(outputs)} served outputs")
-    rows = []
-    for prompt, output in zip(prompts, outputs, strict=True):
-        ids = prompt["input_ids"] if isinstance(prompt, dict) else prompt
-        row = teacher_forced_acceptance(
-            target,
-            drafter,
-            ids,
-            output["output_ids"],
-            num_steps,
-            aux_layer_ids,
-            position_offset=position_offset,
-        )
-        rows.append(_served_row(prompt, output, row))
-    return rows
+    rows = teacher_forced_rows_shared(
+        target, {"": drafter}, prompts, outputs, num_steps, aux_layer_ids, position_offset
+    )
+    return rows[""]
 
 
 def _served_row(prompt, output: dict, row: dict[str, Any]) -> dict[str, Any]:
@@ -770,6 +758,8 @@ def teacher_forced_rows_shared(
     prompts: Sequence[Sequence[int] | dict],
     outputs: Sequence[dict],
     num_steps: int = 3,
+    aux_layer_ids: Sequence[int] | None = None,
+    position_offset: int = 0,
 ) -> dict[str, list[dict[str, Any]]]:
     """:func:`teacher_forced_rows` for several drafters on the same served text, with one
     target forward per prompt for all of them (each reads its own aux ids from it): what an
@@ -786,7 +776,16 @@ def teacher_forced_rows_shared(
             input_ids = torch.tensor([ids + cont], dtype=torch.long, device=device)
             states = collect_hidden_states(target, input_ids)
         for name, drafter in drafters.items():
-            row = teacher_forced_acceptance(target, drafter, ids, cont, num_steps, states=states)
+            row = teacher_forced_acceptance(
+                target,
+                drafter,
+                ids,
+                cont,
+                num_steps,
+                aux_layer_ids,
+                position_offset=position_offset,
+                states=states,
+            )
             rows[name].append(_served_row(prompt, output, row))
         del states
     return rows
