@@ -122,16 +122,20 @@ def chain_tau(per_position: Sequence[float | None], steps: int) -> float:
     return 1.0 + sum(rates)
 
 
-def read_costs(path: Path) -> dict[Setting, float]:
-    """Cycle costs in decode steps from a file: {"settings": [{"steps", "topk",
-    "draft_tokens", "cycle_cost"}, ...]} (other keys, e.g. where they were measured, ignored)."""
+def read_json(path: Path) -> Any:
     try:
-        data = json.loads(Path(path).read_text())
+        return json.loads(Path(path).read_text())
     except OSError as exc:
         raise TuneInputError(f"{path}: cannot read it ({exc.strerror or exc})") from exc
     except json.JSONDecodeError as exc:
         raise TuneInputError(f"{path}: not JSON ({exc.msg}, line {exc.lineno})") from exc
-    return read_costs_from(data, str(path))
+
+
+def read_costs(path: Path) -> dict[Setting, float]:
+    """Cycle costs in decode steps from a file: {"settings": [{"steps", "topk",
+    "draft_tokens", "cycle_cost"}, ...]} (other keys, e.g. where they were measured, ignored),
+    or a bench_speed result."""
+    return read_costs_from(read_json(path), str(path))
 
 
 # bench_speed's name for the plugin-served main drafter (sglang_ext_tools/bench_speed.MAIN).
@@ -275,15 +279,6 @@ def render(advice: Mapping[str, Any]) -> str:
             f"{100 * check['tolerance']:.0f} %): {'pass' if check['pass'] else 'FAIL'}"
         )
     return "\n".join(lines)
-
-
-def read_json(path: Path) -> Any:
-    try:
-        return json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise TuneInputError(f"{path}: cannot read it ({exc.strerror or exc})") from exc
-    except json.JSONDecodeError as exc:
-        raise TuneInputError(f"{path}: not JSON ({exc.msg}, line {exc.lineno})") from exc
 
 
 def main(args) -> int:
