@@ -143,18 +143,15 @@ class Widening:
         """r: how many times more dimensions each RMSNorm averages over."""
         return self.big.hidden / self.small.hidden
 
-    def _blocks(self, count: int, small_width: int, big_width: int) -> torch.Tensor:
-        return torch.cat([k * big_width + torch.arange(small_width) for k in range(count)])
-
     def index(self, kind: str) -> tuple[torch.Tensor, int]:
         """(big positions of the small axis, big axis length) for one axis kind."""
         s, b = self.small, self.big
         if kind == "hidden":
             return torch.arange(s.hidden), b.hidden
         if kind == "pair":
-            return self._blocks(2, s.hidden, b.hidden), 2 * b.hidden
+            return block_positions(2, s.hidden, b.hidden), 2 * b.hidden
         if kind == "aux":
-            return self._blocks(self.num_aux, s.hidden, b.hidden), self.num_aux * b.hidden
+            return block_positions(self.num_aux, s.hidden, b.hidden), self.num_aux * b.hidden
         if kind == "kv":
             return torch.arange(s.kv_heads * s.head_dim), b.kv_heads * b.head_dim
         if kind == "q":
@@ -172,6 +169,22 @@ class Widening:
         out = widen_tensor(self.index, lambda _kind: self.ratio, name, tensor, layout)
         rows = {"vocab": self.big.vocab, "draft": self.big.draft_vocab}.get(layout[0])
         return pad_rows(name, out, rows)
+
+
+def block_positions(count: int, small_width: int, big_width: int) -> torch.Tensor:
+    """Where ``count`` concatenated small-width blocks sit in their big-width concatenation:
+    block k at the start of big block k (the "pair" and "aux" axes)."""
+    return torch.cat([k * big_width + torch.arange(small_width) for k in range(count)])
+
+
+def pad_aux_states(hidden: torch.Tensor, num_aux: int, big_width: int) -> torch.Tensor:
+    """A small drafter's fc input ``[..., num_aux x small]`` as the widened drafter reads it:
+    each aux block at the start of its big block, zeros elsewhere (what the widened target
+    hands over, its padded dimensions being zero)."""
+    small_width = hidden.shape[-1] // num_aux
+    out = hidden.new_zeros(*hidden.shape[:-1], num_aux * big_width)
+    out[..., block_positions(num_aux, small_width, big_width)] = hidden
+    return out
 
 
 def pad_rows(name: str, tensor: torch.Tensor, rows: int | None) -> torch.Tensor:

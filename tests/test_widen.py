@@ -150,10 +150,7 @@ def _aux_inputs():
     gen = torch.Generator().manual_seed(5)
     hidden = torch.randn(24, 3 * 32, generator=gen)
     ids = torch.randint(0, 256, (24,), generator=gen)
-    padded = torch.zeros(24, 3 * 64)
-    for k in range(3):
-        padded[:, k * 64 : k * 64 + 32] = hidden[:, k * 32 : (k + 1) * 32]
-    return hidden, ids, padded
+    return hidden, ids, widen.pad_aux_states(hidden, 3, 64)
 
 
 @pytest.mark.parametrize("nbr", [True, False], ids=["norm_before_residual", "plain_residual"])
