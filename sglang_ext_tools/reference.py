@@ -77,6 +77,7 @@ __all__ = [
     "teacher_forced_acceptance",
     "teacher_forced_rows",
     "teacher_forced_rows_shared",
+    "speculators_step_logits",
     "use_eager_experts",
 ]
 
@@ -288,6 +289,29 @@ def aux_hidden_states(
 # --------------------------------------------------------------------------------------
 # Drafter (built from speculators' modules, our own chain semantics)
 # --------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def speculators_step_logits(
+    drafter, hidden_states, input_ids, document_ids, ttt_steps: int, position_ids=None
+) -> torch.Tensor:
+    """speculators' own teacher-forced forward (``Eagle3DraftModel.forward``, its training
+    path) and the lm_head output of each TTT step: ``[ttt_steps, N, draft vocab]`` fp32, for
+    the first sequence of the batch. What this module's loop and the widened drafters are
+    held against."""
+    captured: list[torch.Tensor] = []
+    hook = drafter.lm_head.register_forward_hook(lambda _m, _i, out: captured.append(out[0]))
+    try:
+        drafter(
+            hidden_states=hidden_states,
+            input_ids=input_ids,
+            document_ids=document_ids,
+            position_ids=position_ids,
+            ttt_steps=ttt_steps,
+        )
+    finally:
+        hook.remove()
+    return torch.stack(captured).float()
 
 
 def drafter_fc(drafter, aux: torch.Tensor) -> torch.Tensor:

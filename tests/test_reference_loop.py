@@ -162,24 +162,17 @@ def test_collect_hidden_states_conventions(ref_target):
 
 def _speculators_step_logits(drafter, ids: list[int], aux: torch.Tensor, ttt_steps: int):
     """speculators' teacher-forced forward on shift_batch-aligned inputs; lm_head outputs."""
-    captured: list[torch.Tensor] = []
-    handle = drafter.lm_head.register_forward_hook(
-        lambda _m, _i, out: captured.append(out.detach())
-    )
     seq = len(ids) - 1
-    try:
-        with torch.no_grad():
-            drafter(
-                hidden_states=aux[:-1][None],  # g_0 .. g_{n-2}
-                input_ids=torch.tensor([ids[1:]]),  # x_1 .. x_{n-1}
-                document_ids=torch.zeros(1, seq, dtype=torch.long),
-                position_ids=torch.arange(1, seq + 1)[None],  # shift_batch: start at 1
-                ttt_steps=ttt_steps,
-            )
-    finally:
-        handle.remove()
-    assert len(captured) == ttt_steps
-    return [c[0] for c in captured]  # ttt_steps x [seq, draft_vocab]
+    logits = ref.speculators_step_logits(
+        drafter,
+        aux[:-1][None],  # g_0 .. g_{n-2}
+        torch.tensor([ids[1:]]),  # x_1 .. x_{n-1}
+        torch.zeros(1, seq, dtype=torch.long),
+        ttt_steps,
+        position_ids=torch.arange(1, seq + 1)[None],  # shift_batch: start at 1
+    )
+    assert len(logits) == ttt_steps
+    return list(logits)  # ttt_steps x [seq, draft_vocab]
 
 
 @pytest.mark.parametrize(

@@ -129,19 +129,11 @@ def test_unknown_drafter_tensor_is_an_error():
 
 
 def _speculators_logits_all_steps(model, hidden, ids, steps):
-    captured = []
-    handle = model.lm_head.register_forward_hook(lambda _m, _i, out: captured.append(out))
-    try:
-        with torch.no_grad():
-            model(
-                hidden_states=hidden[None],
-                input_ids=ids[None],
-                document_ids=torch.zeros_like(ids)[None],
-                ttt_steps=steps,
-            )
-    finally:
-        handle.remove()
-    return torch.stack([c[0] for c in captured])
+    from sglang_ext_tools.reference import speculators_step_logits
+
+    return speculators_step_logits(
+        model, hidden[None], ids[None], torch.zeros_like(ids)[None], steps
+    )
 
 
 def _aux_inputs():
