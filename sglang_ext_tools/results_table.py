@@ -110,6 +110,16 @@ def _other_rows(data: dict) -> list[str]:
         floor_text = (
             f"; no features at all {floor['ratio']:.3f} (CI {_ci(floor['ci95'])})" if floor else ""
         )
+        collapse = {k: off.get(f"{k}_collapse") for k in ("plus1", "minus1")}
+        if all(collapse.values()):
+            floor_text += (
+                "; share of the features' gain lost: "
+                + ", ".join(
+                    f"{sign} {c['share_lost']:.2f} (CI {_ci(c['ci95'])})"
+                    for sign, c in zip(("+1", "-1"), collapse.values(), strict=True)
+                )
+                + f", collapse at ≥ {collapse['plus1']['share']}"
+            )
         rows.append(
             f"| aux ids shifted ±1 (MLA, {off['prompts']} prompts, the trained server's text) "
             f"| τ ratio to the trained drafter: +1 {same['plus1']['ratio']:.3f} (CI "

@@ -14,7 +14,9 @@ fixtures' per-prompt reference lines (``tokens``, ``accepted`` per cycle, ``cycl
 Verdicts are intervals, not points: ``equivalence`` passes when the 95 % paired bootstrap
 interval of the τ ratio lies inside a stated band (default [0.95, 1.05]), fails when it lies
 outside, and is inconclusive (a failing test: too few prompts) when it straddles an edge;
-``non_inferiority`` passes when the interval's lower end is at least a stated floor.
+``non_inferiority`` passes when the interval's lower end is at least a stated floor;
+``collapse`` passes when a drafter loses at least a stated share of what its features add
+(judged against the same drafter with no features, on the same text).
 """
 
 from __future__ import annotations
@@ -94,6 +96,54 @@ def non_inferiority(
     out = ratio_interval(a, b)
     out.update(floor=floor, **{"pass": bool(out["ci95"]) and out["ci95"][0] >= floor})
     return out
+
+
+COLLAPSE_SHARE = 0.75
+
+
+def share_lost(
+    shifted: Sequence[tuple[int, int]],
+    trained: Sequence[tuple[int, int]],
+    floor: Sequence[tuple[int, int]],
+) -> float | None:
+    """How much of what the features add a drafter loses: (τ(trained) - τ(shifted)) /
+    (τ(trained) - τ(floor)), the floor being the drafter with no features (fc zeroed); 1 at the
+    floor, above it below the floor. None where the features add nothing."""
+    gain = tau(trained) - tau(floor)
+    return (tau(trained) - tau(shifted)) / gain if gain > 0 else None
+
+
+def collapse(
+    shifted: Sequence[tuple[int, int]],
+    trained: Sequence[tuple[int, int]],
+    floor: Sequence[tuple[int, int]],
+    share: float = COLLAPSE_SHARE,
+) -> dict:
+    """Whether acceptance collapses: the three drafters on the same text (prompt-aligned
+    counts), pass iff the 95 % paired bootstrap interval of ``share_lost`` starts at or above
+    ``share`` (the drafter keeps at most 1 - share of the features' gain)."""
+    if not len(shifted) == len(trained) == len(floor):
+        raise ValueError("shifted, trained and floor counts must be prompt-aligned")
+    triples = list(zip(shifted, trained, floor, strict=True))
+
+    def lost(picks) -> float:
+        value = share_lost(
+            [a for a, _, _ in picks], [b for _, b, _ in picks], [c for *_, c in picks]
+        )
+        return float("-inf") if value is None else value
+
+    point = share_lost(shifted, trained, floor)
+    ci = bootstrap_ci(triples, lost)
+    return {
+        "prompts": len(triples),
+        "tau_shifted": round(tau(shifted), 4),
+        "tau_trained": round(tau(trained), 4),
+        "tau_floor": round(tau(floor), 4),
+        "share_lost": None if point is None else round(point, 4),
+        "ci95": ci,
+        "share": share,
+        "pass": bool(ci) and ci[0] >= share,
+    }
 
 
 def per_position(rows: Sequence[Sequence[int]], positions: int) -> list[float | None]:

@@ -79,6 +79,11 @@ def test_the_off_by_one_row_reads_the_same_text_figures_and_the_floor():
     row = next(r for r in results_table.render(data, "r.json").splitlines() if "±1" in r)
     assert "+1 0.975 (CI [0.960, 0.988]), -1 0.939 (CI [0.918, 0.958])" in row
     assert "no features at all 0.800 (CI [0.770, 0.830])" in row and row.endswith("**pass** |")
+    assert "gain lost" not in row  # runs before the marker layers recorded no collapse
+    collapse = {"share_lost": 1.04, "ci95": [0.93, 1.15], "share": 0.75}
+    data["off_by_one"].update(plus1_collapse=collapse, minus1_collapse=collapse)
+    row = next(r for r in results_table.render(data, "r.json").splitlines() if "±1" in r)
+    assert "gain lost: +1 1.04 (CI [0.930, 1.150]), -1 1.04" in row and "≥ 0.75" in row
     lossless = dict(data["lossless"]["plugin"], ladder=[{"above": 0.5}], ladder_over=[0.5])
     data["lossless"]["plugin"] = lossless
     block = results_table.render(data, "r.json")

@@ -120,3 +120,21 @@ def test_per_position_uses_the_plugins_definition():
     ]
     assert served_per_position(outputs) == [0.75, 0.5, 0.25]
     assert served_per_position([{"meta_info": {}}]) is None
+
+
+def test_collapse_passes_at_the_no_features_floor_and_fails_for_a_small_fall():
+    import random
+
+    from sglang_ext_tools.tau_compare import collapse, share_lost
+
+    rng = random.Random(3)
+    trained, floor = _counts(rng, 64, 50, 0.7), _counts(rng, 64, 50, 0.3)
+    at_floor = collapse(_counts(rng, 64, 50, 0.3), trained, floor)
+    assert at_floor["pass"] and 0.75 <= at_floor["ci95"][0] <= at_floor["share_lost"], at_floor
+    below = collapse(_counts(rng, 64, 50, 0.1), trained, floor)
+    assert below["pass"] and below["share_lost"] > 1.0, below
+    small_fall = collapse(_counts(rng, 64, 50, 0.65), trained, floor)  # the 2026-12-01 case
+    assert not small_fall["pass"] and small_fall["share_lost"] < 0.3, small_fall
+    assert share_lost(trained, trained, trained) is None  # features that add nothing
+    with pytest.raises(ValueError, match="prompt-aligned"):
+        collapse(trained[:3], trained, floor)

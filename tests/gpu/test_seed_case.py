@@ -185,8 +185,8 @@ def _aux_agreement(
             a = served[:, j * width : (j + 1) * width]
             entry = layer_agreement(a, hf[k].float())
             if neighbours:
-                # identity blocks of the deepened target leave some neighbours' states
-                # equal to this id's: those cannot tell a shift apart and are marked
+                # a neighbour whose state equals this id's cannot tell a shift apart: marked
+                # (the marker layers leave none; identity blocks did)
                 entry["neighbours"] = {
                     str(k + d): {
                         **layer_agreement(a, hf[k + d].float()),
@@ -269,12 +269,13 @@ def test_off_by_one_aux_ids_are_captured_as_configured(mla):
     features SGLang hands each slot agree with the HF state at that slot's id and not with its
     neighbours' (own-id mean ulps below a quarter of the nearer neighbour's), and each
     shifted server's tau equals its own like-for-like reference (the shifted ids on the HF
-    target, the same text) by equivalence. And acceptance falls both ways, judged on one text
-    so that only the drafter differs: the shifted drafters teacher-forced on the trained
-    server's 64 outputs against the trained drafter on them; the ratio's 95 % interval lies
-    below 1. On this fixture a shift moves each slot by one small real layer: served, the fall
-    was 2-6 % (2026-12-01: +1 0.977 [0.960, 0.996], -1 0.955 [0.936, 0.975] on 64 prompts,
-    free-running texts, too noisy to assert on), not a collapse to tau ~1."""
+    target, the same text) by equivalence. And acceptance collapses both ways, judged on one
+    text so that only the drafter differs: the shifted drafters, the trained one and the
+    trained one with fc zeroed (no features: the floor) teacher-forced on the trained server's
+    64 outputs; each shift loses at least 75 % of what the features add (the 95 % interval of
+    the share lost starts at 0.75 or above). The fixture's marker layers (markers.py) put a
+    marker into every state one id off a captured one; before them a shift moved each slot by
+    one trained layer and acceptance fell only 2-6 % (2026-12-01)."""
     import torch
 
     from sglang_ext_tools import reference as ref
@@ -351,19 +352,18 @@ def test_off_by_one_aux_ids_are_captured_as_configured(mla):
     finally:
         del target
         torch.cuda.empty_cache()
+    counts = {
+        name: [tau_compare.reference_counts(r) for r in rows] for name, rows in on_trained.items()
+    }
     for shift in ("plus1", "minus1", "no_features"):
         out[f"{shift}_vs_trained_same_text"] = tau_compare.ratio_interval(
-            [tau_compare.reference_counts(r) for r in on_trained[shift]],
-            [tau_compare.reference_counts(r) for r in on_trained["trained"]],
+            counts[shift], counts["trained"]
         )
-    # How much of what the features add a shift loses: (tau_trained - tau_shift) /
-    # (tau_trained - tau_no_features), on the same text.
-    floor = out["no_features_vs_trained_same_text"]
+    # How much of what the features add each shift loses, on the same text: (tau_trained -
+    # tau_shift) / (tau_trained - tau_no_features) with its paired interval.
     for shift in ("plus1", "minus1"):
-        same = out[f"{shift}_vs_trained_same_text"]
-        gain = floor["tau_b"] - floor["tau_a"]
-        out[f"{shift}_share_of_feature_gain_lost"] = (
-            round((same["tau_b"] - same["tau_a"]) / gain, 4) if gain > 0 else None
+        out[f"{shift}_collapse"] = tau_compare.collapse(
+            counts[shift], counts["trained"], counts["no_features"]
         )
     RESULTS["off_by_one"] = out
     for name, found in out["features"].items():
@@ -375,8 +375,7 @@ def test_off_by_one_aux_ids_are_captured_as_configured(mla):
             assert entry["mean_ulps"] < nearest / 4, (name, k, out)
     for shift in ("plus1", "minus1"):
         assert out[f"{shift}_like_for_like"]["pass"], out
-        fall = out[f"{shift}_vs_trained_same_text"]
-        assert fall["ci95"][1] < 1.0, (shift, "acceptance does not fall", fall)
+        assert out[f"{shift}_collapse"]["pass"], (shift, "acceptance does not collapse", out)
 
 
 def _reference_rows(reference: dict) -> list[dict]:
@@ -445,7 +444,7 @@ def test_seed_case_stock_stalls_plugin_refuses_then_serves_faster(cluster):
     RESULTS["seed_case"] = {
         "target_arch": "DeepseekV3ForCausalLM (MLA q/kv LoRA, MoE 8 routed + 1 shared, "
         f"first_k_dense_replace 1), {manifest['deepen']['deep_target']['num_layers']} layers "
-        "(6 trained + identity blocks)",
+        "(6 trained + identity blocks + marker layers around the captured ids)",
         "setting": setting(TREE),
         "seed_drafter_aux_ids": seed["eagle_aux_hidden_state_layer_ids"],
         "nospec_tok_s": mean["nospec"],
