@@ -446,8 +446,8 @@ def mla_servers(port) -> list[Server]:
     drafter, seed = str(MLA_FIXTURES / "deep-drafter"), str(MLA_FIXTURES / "seed-drafter")
     nocapture = str(MLA_FIXTURES / "seed-nocapture-drafter")
     shifted = [
-        # The trained drafter with every aux id one too high / one too low (make_mla_fixtures
-        # places trained layers on both sides of every captured boundary, so both differ).
+        # The trained drafter with every aux id one too high / one too low (make_mla_fixtures'
+        # marker layers put a marker into both neighbours of every captured state).
         Server(
             f"mla_{shift}",
             target,

@@ -475,7 +475,7 @@ def test_seed_case_stock_stalls_plugin_refuses_then_serves_faster(cluster):
     assert "use_aux_hidden_state is false" in off["plugin_guard_error"]
     # The plugin refuses the seed's configuration at startup, naming both widths.
     assert guard.status.startswith("exited"), guard.log_text()[-3000:]
-    hidden = manifest["base"]["small_target"]["hidden_size"]
+    hidden = manifest["deepen"]["deep_target"]["hidden_size"]  # widened: the spare dimensions
     assert guard_error and str(hidden) in guard_error and str(3 * hidden) in guard_error
     # Stock SGLang serves it, silently unfused, and is slower than no speculation: the seed's
     # symptom. Its accept length is not the seed's 1.00 because the seed also ran random
