@@ -115,13 +115,13 @@ def test_planting_refuses_a_trained_layer_and_unpadded_embeddings():
         markers.plant_target(state, cfg, [3], values)
 
 
-def test_the_drafters_fc_reads_the_marker_at_the_stated_ratio():
+def test_the_drafters_fc_reads_the_marker_as_the_negated_mean_feature():
     values = _values()
     torch.manual_seed(1)
     fc = torch.zeros(8, 2 * 8)
     for k in range(2):
         fc[:4, k * 8 : k * 8 + 4] = torch.randn(4, 4)
-    features = torch.randn(32, 2 * 4)
+    features = torch.randn(33, 2 * 4) + 0.5
     state = {"fc.weight": fc, "embed_tokens.weight": torch.zeros(5, 8)}
     out, info = markers.mark_drafter_fc(state, values, 2, features, small_rows=4)
     new = out["fc.weight"]
@@ -129,9 +129,12 @@ def test_the_drafters_fc_reads_the_marker_at_the_stated_ratio():
     assert torch.equal(new[:, small_cols], fc[:, small_cols])  # the trained columns
     assert not new[:, [4, 12]].any() and not new[4:].any()  # flag columns, widened rows
     marked = new @ torch.cat([torch.zeros(5), values.marker_vector()]).repeat(2)
-    trained = (features @ fc[:, small_cols].T).norm(dim=-1).median()
-    assert float(marked.norm() / trained) == pytest.approx(markers.FC_RATIO, rel=1e-4)
-    assert info["fc_ratio"] == markers.FC_RATIO
+    trained = features @ fc[:, small_cols].T
+    mean, size = trained.mean(0), float(trained.norm(dim=-1).median())
+    # the marker reads as the trained features' mean, negated, FC_RATIO times their size
+    expected = -mean / mean.norm() * markers.FC_RATIO * size
+    torch.testing.assert_close(marked, expected, rtol=1e-5, atol=1e-5)
+    assert info == {"fc_ratio": markers.FC_RATIO, "trained_fc_norm_median": size}
     assert torch.all(out["embed_tokens.weight"][:, 4] == values.flag)
     with pytest.raises(markers.MarkerError, match="already reads"):
         markers.mark_drafter_fc(out, values, 2, features, small_rows=4)
