@@ -457,6 +457,45 @@ def test_prometheus_counters_increment_per_position(requests_data):
     metrics.observe(records[0], {"model_name": "x"})
 
 
+def test_prometheus_deferred_counts_arrive_whole_and_the_flusher_is_counted(requests_data):
+    """With a flush interval the per-position counts, the rolling rate and the hook seconds
+    lag by at most that interval, and arrive exactly; the histograms and the alarm gauge are
+    written at once; the flusher thread's own CPU time lands in the hook-seconds counter."""
+    import time
+
+    from prometheus_client import CollectorRegistry
+
+    reg = CollectorRegistry()
+    metrics = acceptance_prometheus.AcceptanceMetrics(
+        list(LABELS), registry=reg, flush_interval_s=0.05
+    )
+    records = [to_record(r) for r in requests_data]
+    for r in records:
+        metrics.observe(r, LABELS)
+    metrics.set_health(LABELS, unhealthy=True, rolling_rate=0.02)
+    metrics.add_hook_seconds(LABELS, 0.125)
+    acc_metric = "sglang:spec_ext_accepted_draft_tokens_total"
+    lab0 = {**LABELS, "position": "0"}
+    expected = sum(r["accepted_per_position"][0] for r in records)
+    assert reg.get_sample_value("sglang:spec_ext_accept_rate_count", LABELS) == len(records)
+    assert reg.get_sample_value("sglang:spec_ext_drafter_unhealthy", LABELS) == 1
+    assert reg.get_sample_value(acc_metric, lab0) in (0, expected)  # the flusher may be early
+    deadline = time.monotonic() + 5.0
+    while reg.get_sample_value(acc_metric, lab0) != expected and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)  # every deferred value of this round is written by now
+    for pos in range(S):
+        lab = {**LABELS, "position": str(pos)}
+        assert reg.get_sample_value(acc_metric, lab) == sum(
+            r["accepted_per_position"][pos] for r in records
+        )
+        assert reg.get_sample_value("sglang:spec_ext_proposed_draft_tokens_total", lab) == sum(
+            r["spec_verify_ct"] for r in requests_data
+        )
+    assert reg.get_sample_value("sglang:spec_ext_rolling_accept_rate", LABELS) == 0.02
+    assert reg.get_sample_value("sglang:spec_ext_metrics_hook_seconds_total", LABELS) > 0.125
+
+
 def test_prometheus_multiprocess_mode(tmp_path, requests_data):
     """Create metrics lazily in a child process with PROMETHEUS_MULTIPROC_DIR set (as
     SGLang does), then read them the way SGLang's /metrics endpoint does."""
@@ -572,8 +611,9 @@ def test_recorder_warns_once_with_likely_causes(requests_data, caplog):
     msg = warnings[0].getMessage()
     for needle in ("weights not loaded", "fusion", "off by one", "another target", "/models/"):
         assert needle in msg, needle
-    assert reg.get_sample_value("sglang:spec_ext_drafter_unhealthy", LABELS) == 1
-    assert reg.get_sample_value("sglang:spec_ext_rolling_accept_rate", LABELS) < 0.05
+    assert reg.get_sample_value("sglang:spec_ext_drafter_unhealthy", LABELS) == 1  # at once
+    rec.flush()  # the rolling rate waits for the flusher
+    assert 0 < reg.get_sample_value("sglang:spec_ext_rolling_accept_rate", LABELS) < 0.05
     for r in records[:30]:
         rec.record(r, LABELS)
     assert reg.get_sample_value("sglang:spec_ext_drafter_unhealthy", LABELS) == 0
@@ -727,7 +767,7 @@ def test_hook_on_real_tokenizer_manager_method(monkeypatch, requests_data, caplo
     monkeypatch.setattr(
         m,
         "_RECORDER",
-        m.AcceptanceRecorder(m.MetricsConfig(), prom_registry=reg),
+        m.AcceptanceRecorder(m.MetricsConfig(), prom_registry=reg, prom_flush_interval_s=0),
     )
     HookRegistry.reset()
     try:
@@ -735,7 +775,7 @@ def test_hook_on_real_tokenizer_manager_method(monkeypatch, requests_data, caplo
         monkeypatch.setattr(
             m,
             "_RECORDER",
-            m.AcceptanceRecorder(m.MetricsConfig(), prom_registry=reg),
+            m.AcceptanceRecorder(m.MetricsConfig(), prom_registry=reg, prom_flush_interval_s=0),
         )
         HookRegistry.apply_hooks()
         assert TM._calculate_spec_decoding_metrics is not original
@@ -824,7 +864,9 @@ def test_hook_counts_its_cpu_time_not_the_time_it_waits(monkeypatch):
     from prometheus_client import CollectorRegistry
 
     reg = CollectorRegistry()
-    recorder = m.AcceptanceRecorder(m.MetricsConfig(log_requests=False), prom_registry=reg)
+    recorder = m.AcceptanceRecorder(
+        m.MetricsConfig(log_requests=False), prom_registry=reg, prom_flush_interval_s=0
+    )
     monkeypatch.setattr(m, "_RECORDER", recorder)
     spec = stub_spec()
     tm = SimpleNamespace(

@@ -273,9 +273,15 @@ def build_record(
     }
 
 
-def format_log_line(record: Mapping[str, Any]) -> str:
-    """``sglang_ext.acceptance {json}`` (compact JSON, one line)."""
-    return LOG_PREFIX + " " + json.dumps(record, separators=(",", ":"), ensure_ascii=False)
+def encode_record(record: Mapping[str, Any]) -> str:
+    """The record as one compact JSON object (what the log line and the JSONL line carry)."""
+    return json.dumps(record, separators=(",", ":"), ensure_ascii=False)
+
+
+def format_log_line(record: Mapping[str, Any], encoded: str | None = None) -> str:
+    """``sglang_ext.acceptance {json}`` (compact JSON, one line); ``encoded`` is the record's
+    :func:`encode_record` when the caller has it already."""
+    return LOG_PREFIX + " " + (encode_record(record) if encoded is None else encoded)
 
 
 def parse_log_line(line: str) -> dict[str, Any]:
