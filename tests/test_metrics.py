@@ -333,15 +333,19 @@ def test_config_from_env():
             "SGLANG_EXT_ALARM_MIN_TOKENS": "8",
             "SGLANG_EXT_ALARM_ACCEPT_RATE": "0.1",
             "SGLANG_EXT_ACCEPTANCE_LOG": "off",
+            "SGLANG_EXT_ACCEPTANCE_FLUSH_S": "0",
         }
     )
     assert not cfg.enabled and not cfg.log_requests
     assert (cfg.alarm_window, cfg.alarm_min_tokens, cfg.alarm_accept_rate) == (5, 8, 0.1)
+    assert (cfg.flush_interval_s, m.MetricsConfig().flush_interval_s) == (0.0, 0.25)
     for env, name in (
         ({"SGLANG_EXT_ALARM_WINDOW": "abc"}, "SGLANG_EXT_ALARM_WINDOW"),
         ({"SGLANG_EXT_ALARM_WINDOW": "0"}, "SGLANG_EXT_ALARM_WINDOW"),
         ({"SGLANG_EXT_ALARM_ACCEPT_RATE": "2"}, "SGLANG_EXT_ALARM_ACCEPT_RATE"),
         ({"SGLANG_EXT_METRICS": "maybe"}, "SGLANG_EXT_METRICS"),
+        ({"SGLANG_EXT_ACCEPTANCE_FLUSH_S": "-1"}, "SGLANG_EXT_ACCEPTANCE_FLUSH_S"),
+        ({"SGLANG_EXT_ACCEPTANCE_FLUSH_S": "soon"}, "SGLANG_EXT_ACCEPTANCE_FLUSH_S"),
     ):
         with pytest.raises(ValueError, match=name):
             m.MetricsConfig.from_env(env)
@@ -457,45 +461,6 @@ def test_prometheus_counters_increment_per_position(requests_data):
     metrics.observe(records[0], {"model_name": "x"})
 
 
-def test_prometheus_deferred_counts_arrive_whole_and_the_flusher_is_counted(requests_data):
-    """With a flush interval the per-position counts, the rolling rate and the hook seconds
-    lag by at most that interval, and arrive exactly; the histograms and the alarm gauge are
-    written at once; the flusher thread's own CPU time lands in the hook-seconds counter."""
-    import time
-
-    from prometheus_client import CollectorRegistry
-
-    reg = CollectorRegistry()
-    metrics = acceptance_prometheus.AcceptanceMetrics(
-        list(LABELS), registry=reg, flush_interval_s=0.05
-    )
-    records = [to_record(r) for r in requests_data]
-    for r in records:
-        metrics.observe(r, LABELS)
-    metrics.set_health(LABELS, unhealthy=True, rolling_rate=0.02)
-    metrics.add_hook_seconds(LABELS, 0.125)
-    acc_metric = "sglang:spec_ext_accepted_draft_tokens_total"
-    lab0 = {**LABELS, "position": "0"}
-    expected = sum(r["accepted_per_position"][0] for r in records)
-    assert reg.get_sample_value("sglang:spec_ext_accept_rate_count", LABELS) == len(records)
-    assert reg.get_sample_value("sglang:spec_ext_drafter_unhealthy", LABELS) == 1
-    assert reg.get_sample_value(acc_metric, lab0) in (0, expected)  # the flusher may be early
-    deadline = time.monotonic() + 5.0
-    while reg.get_sample_value(acc_metric, lab0) != expected and time.monotonic() < deadline:
-        time.sleep(0.01)
-    time.sleep(0.2)  # every deferred value of this round is written by now
-    for pos in range(S):
-        lab = {**LABELS, "position": str(pos)}
-        assert reg.get_sample_value(acc_metric, lab) == sum(
-            r["accepted_per_position"][pos] for r in records
-        )
-        assert reg.get_sample_value("sglang:spec_ext_proposed_draft_tokens_total", lab) == sum(
-            r["spec_verify_ct"] for r in requests_data
-        )
-    assert reg.get_sample_value("sglang:spec_ext_rolling_accept_rate", LABELS) == 0.02
-    assert reg.get_sample_value("sglang:spec_ext_metrics_hook_seconds_total", LABELS) > 0.125
-
-
 def test_prometheus_multiprocess_mode(tmp_path, requests_data):
     """Create metrics lazily in a child process with PROMETHEUS_MULTIPROC_DIR set (as
     SGLang does), then read them the way SGLang's /metrics endpoint does."""
@@ -597,6 +562,82 @@ def test_alarm_needs_full_window_of_long_requests(requests_data):
     assert ev is not None and ev.kind == "unhealthy"
 
 
+def test_request_counts_follow_the_definitions(requests_data):
+    """The hook's flat request_counts gives what the definitions give, request by request."""
+    for r in requests_data:
+        hist = r["spec_correct_drafts_histogram"]
+        V, A = r["spec_verify_ct"], r["spec_num_correct_drafts"]
+        D, S_ = r["speculative_num_draft_tokens"], r["speculative_num_steps"]
+        c = acceptance.request_counts(
+            verify_steps=V, accepted_draft_tokens=A, histogram=hist, num_draft_tokens=D,
+            num_steps=S_,
+        )  # fmt: skip
+        per_step = acceptance.draft_tokens_per_step(D, S_)
+        acc, prop = acceptance.per_position_from_histogram(hist, S_)
+        assert c["draft_tokens_per_step"] == per_step
+        assert c["proposed_draft_tokens"] == acceptance.proposed_draft_tokens(V, per_step)
+        assert c["accept_length"] == round(acceptance.accept_length(A, V), 4)
+        assert c["accept_rate"] == round(acceptance.accept_rate(A, V * per_step), 4)
+        assert (c["accepted_per_position"], c["proposed_per_position"]) == (acc, prop)
+        assert c["accept_per_position"] == [round(x, 4) for x in acceptance.rates(acc, prop)]
+        assert acc == acceptance.per_position_from_steps(r["accepted_per_step"], S_)[0]
+    with pytest.raises(ValueError, match="histogram mass 4 != accepted drafts 5"):
+        acceptance.request_counts(
+            verify_steps=3, accepted_draft_tokens=5, histogram=[1, 0, 2], num_draft_tokens=4,
+            num_steps=3,
+        )  # fmt: skip
+
+
+def test_recorder_queues_for_the_flusher_and_loses_nothing(requests_data, caplog, tmp_path):
+    """submit() only queues: nothing is logged, written or counted until the flush, which
+    hands over every record in order (log lines, JSONL, Prometheus, the one alarm) and counts
+    its own CPU time with the hook's; a short interval drains by itself."""
+    import time
+
+    from prometheus_client import CollectorRegistry
+
+    caplog.set_level(logging.INFO, logger=m.LOGGER_NAME)
+    records = [to_record(r) for r in requests_data]
+
+    def split(r):
+        record = to_record(r)
+        fields = {k: record[k] for k in ("rid", "prompt_tokens", "completion_tokens")}
+        fields.update(topk=record["topk"], drafter=record["drafter"])
+        fields.update(finish_reason=record["finish_reason"])
+        return record, fields
+
+    def lines():
+        prefix = acceptance.LOG_PREFIX + " {"
+        return [x.getMessage() for x in caplog.records if x.getMessage().startswith(prefix)]
+
+    reg = CollectorRegistry()
+    path = tmp_path / "a.jsonl"
+    slow = m.AcceptanceRecorder(
+        m.MetricsConfig(jsonl_path=str(path), flush_interval_s=60.0), prom_registry=reg
+    )
+    parts = [split(r) for r in requests_data]
+    for counts, fields in parts:
+        slow.submit(counts, fields, LABELS, time.thread_time())
+    assert lines() == [] and not path.exists()
+    assert reg.get_sample_value("sglang:spec_ext_accept_length_count", LABELS) is None
+    slow.flush()
+    rids = [r["rid"] for r in records]
+    assert [acceptance.parse_log_line(x)["rid"] for x in lines()] == rids
+    assert [json.loads(x)["rid"] for x in path.read_text().splitlines()] == rids
+    assert reg.get_sample_value("sglang:spec_ext_accept_length_count", LABELS) == len(records)
+    assert len([x for x in caplog.records if x.levelno == logging.WARNING]) == 1
+    assert reg.get_sample_value("sglang:spec_ext_metrics_hook_seconds_total", LABELS) > 0
+
+    caplog.clear()
+    fast = m.AcceptanceRecorder(m.MetricsConfig(flush_interval_s=0.02))
+    for counts, fields in parts:
+        fast.submit(counts, fields, None, time.thread_time())
+    deadline = time.monotonic() + 5.0
+    while len(lines()) < len(records) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [acceptance.parse_log_line(x)["rid"] for x in lines()] == rids
+
+
 def test_recorder_warns_once_with_likely_causes(requests_data, caplog):
     from prometheus_client import CollectorRegistry
 
@@ -611,8 +652,7 @@ def test_recorder_warns_once_with_likely_causes(requests_data, caplog):
     msg = warnings[0].getMessage()
     for needle in ("weights not loaded", "fusion", "off by one", "another target", "/models/"):
         assert needle in msg, needle
-    assert reg.get_sample_value("sglang:spec_ext_drafter_unhealthy", LABELS) == 1  # at once
-    rec.flush()  # the rolling rate waits for the flusher
+    assert reg.get_sample_value("sglang:spec_ext_drafter_unhealthy", LABELS) == 1
     assert 0 < reg.get_sample_value("sglang:spec_ext_rolling_accept_rate", LABELS) < 0.05
     for r in records[:30]:
         rec.record(r, LABELS)
@@ -767,7 +807,7 @@ def test_hook_on_real_tokenizer_manager_method(monkeypatch, requests_data, caplo
     monkeypatch.setattr(
         m,
         "_RECORDER",
-        m.AcceptanceRecorder(m.MetricsConfig(), prom_registry=reg, prom_flush_interval_s=0),
+        m.AcceptanceRecorder(m.MetricsConfig(), prom_registry=reg),
     )
     HookRegistry.reset()
     try:
@@ -775,7 +815,7 @@ def test_hook_on_real_tokenizer_manager_method(monkeypatch, requests_data, caplo
         monkeypatch.setattr(
             m,
             "_RECORDER",
-            m.AcceptanceRecorder(m.MetricsConfig(), prom_registry=reg, prom_flush_interval_s=0),
+            m.AcceptanceRecorder(m.MetricsConfig(), prom_registry=reg),
         )
         HookRegistry.apply_hooks()
         assert TM._calculate_spec_decoding_metrics is not original
@@ -823,6 +863,8 @@ def test_hook_on_real_tokenizer_manager_method(monkeypatch, requests_data, caplo
             (r["spec_num_correct_drafts"] + r["spec_verify_ct"]) / r["spec_verify_ct"], abs=1e-4
         )
         assert len(meta["spec_accept_per_position"]) == S
+    # meta_info is filled in the hook; the rest waits for the flusher (default 0.25 s)
+    m.get_recorder().flush()
     lines = [
         acceptance.parse_log_line(x.getMessage())
         for x in caplog.records
@@ -865,7 +907,7 @@ def test_hook_counts_its_cpu_time_not_the_time_it_waits(monkeypatch):
 
     reg = CollectorRegistry()
     recorder = m.AcceptanceRecorder(
-        m.MetricsConfig(log_requests=False), prom_registry=reg, prom_flush_interval_s=0
+        m.MetricsConfig(log_requests=False, flush_interval_s=0), prom_registry=reg
     )
     monkeypatch.setattr(m, "_RECORDER", recorder)
     spec = stub_spec()

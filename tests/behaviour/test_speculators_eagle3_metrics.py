@@ -13,6 +13,7 @@ import json
 import logging
 import random
 import sys
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -82,13 +83,20 @@ def finish(requests: list[dict]) -> list[dict]:
     return metas
 
 
-def acceptance_lines(caplog) -> list[dict]:
-    lines = []
-    for record in caplog.records:
-        message = record.getMessage()
-        if message.startswith(PREFIX + "{"):
-            lines.append(json.loads(message[len(PREFIX):]))
-    return lines
+def acceptance_lines(caplog, expected: int = 0) -> list[dict]:
+    """The acceptance lines logged so far, once there are ``expected`` of them (within 5 s),
+    or after 1 s when none are expected: a line may trail the response (the plugin writes its
+    lines from a flusher thread every 0.25 s; the series writes them in the call)."""
+    deadline = time.monotonic() + (5.0 if expected else 1.0)
+    while True:
+        lines = []
+        for record in list(caplog.records):
+            message = record.getMessage()
+            if message.startswith(PREFIX + "{"):
+                lines.append(json.loads(message[len(PREFIX):]))
+        if (expected and len(lines) >= expected) or time.monotonic() >= deadline:
+            return lines
+        time.sleep(0.01)
 
 
 def test_each_finished_request_logs_one_line_and_fills_meta_info(sglang_env, caplog):
@@ -96,7 +104,7 @@ def test_each_finished_request_logs_one_line_and_fills_meta_info(sglang_env, cap
     requests = [simulate(f"req-{k}", accept, 12, seed=k)
                 for k, accept in enumerate((0.8, 0.5, 0.0))]
     metas = finish(requests)
-    lines = acceptance_lines(caplog)
+    lines = acceptance_lines(caplog, len(requests))
     assert [line["rid"] for line in lines] == [r["rid"] for r in requests]
     for request, meta, line in zip(requests, metas, lines, strict=True):
         verify, accepted = request["verify"], request["accepted"]
@@ -140,8 +148,10 @@ def test_a_drafter_that_stops_being_accepted_raises_the_alarm_once(sglang_env, c
     healthy = [simulate(f"ok-{k}", 0.8, 40, seed=k) for k in range(20)]
     broken = [simulate(f"bad-{k}", 0.0, 40, seed=k) for k in range(25)]
     finish(healthy)
+    acceptance_lines(caplog, len(healthy))
     caplog.clear()
     finish(broken)
+    acceptance_lines(caplog, len(broken))
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING
                 and "SPECULATIVE DRAFTER LOOKS BROKEN" in r.getMessage()]
     assert len(warnings) == 1, warnings

@@ -510,6 +510,15 @@ def mla_baseline(cluster):
     return baseline(cluster["mla_nospec"], prompts, MLA_NEW_TOKENS, "mla")
 
 
+def settle_acceptance() -> None:
+    """Wait until the recorder's flusher has handed every finished request to the log, the
+    JSONL file and Prometheus (they trail a response by up to its interval; meta_info never
+    does)."""
+    from sglang_ext.metrics.hook import DEFAULT_FLUSH_INTERVAL_S
+
+    time.sleep(4 * DEFAULT_FLUSH_INTERVAL_S)
+
+
 def prometheus_value(text: str, name: str) -> float:
     total = 0.0
     for line in text.splitlines():

@@ -41,9 +41,9 @@ from suite import (
     reference,
     score,
     served_tau,
+    settle_acceptance,
 )
 
-from sglang_ext.metrics.acceptance_prometheus import FLUSH_INTERVAL_S
 from sglang_ext_tools import lossless, tau_compare
 from sglang_ext_tools.stats import bootstrap_ci, bootstrap_ratio_ci
 
@@ -299,13 +299,13 @@ def test_per_request_metrics_log_and_prometheus(cluster):
     from sglang_ext.metrics import acceptance as metrics
 
     server = cluster["plugin"]
+    settle_acceptance()
     log_lines = [
         metrics.parse_log_line(line)
         for line in server.log_text().splitlines()
         if "sglang_ext.acceptance {" in line
     ]
     records = [json.loads(line) for line in JSONL.read_text().splitlines() if line.strip()]
-    time.sleep(4 * FLUSH_INTERVAL_S)  # the deferred counts are written
     text = server.metrics_text()
     verify_total = prometheus_value(text, "sglang:spec_verify_calls_total")
     tokens_total = prometheus_value(text, "sglang:generation_tokens_total")
@@ -339,6 +339,7 @@ def test_random_drafter_triggers_the_alarm(cluster):
     prompts = [p["input_ids"] for p in load_prompts()[:30]]
     for ids in prompts:  # sequential: the alarm's position in the stream is well defined
         server.generate(ids, 64)
+    settle_acceptance()
     log = server.log_text().splitlines()
     seen, fired_after = 0, None
     for line in log:
@@ -383,7 +384,7 @@ def test_metrics_overhead_at_concurrency_32(cluster):
     for name in ("plugin", "plugin_nometrics"):  # warm-up, not counted: the 2026-12-01 run's
         timed_tokens_per_s(cluster[name], prompts, 128, 32)  # first rounds ran at 1/3 speed
     hook_metric = "sglang:spec_ext_metrics_hook_seconds_total"
-    time.sleep(4 * FLUSH_INTERVAL_S)  # the warm-up's deferred hook seconds are written
+    settle_acceptance()  # the warm-up's hook seconds are counted before the first reading
     hook_before = prometheus_value(cluster["plugin"].metrics_text(), hook_metric)
     on, off, on_wall = [], [], 0.0
     for round_index in range(12):
@@ -393,7 +394,7 @@ def test_metrics_overhead_at_concurrency_32(cluster):
             timed = timed_tokens_per_s(server, prompts, 128, 32)
             (on if name == "on" else off).append(timed["tok_s"])
             on_wall += timed["wall_s"] if name == "on" else 0.0
-    time.sleep(4 * FLUSH_INTERVAL_S)  # the last deferred hook seconds are written
+    settle_acceptance()
     hook_seconds = prometheus_value(cluster["plugin"].metrics_text(), hook_metric) - hook_before
     pairs = list(zip(on, off, strict=True))
     ci = bootstrap_ci(pairs, lambda p: sum(a for a, _ in p) / sum(b for _, b in p))

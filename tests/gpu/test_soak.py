@@ -15,7 +15,7 @@ import time
 import urllib.request
 
 import pytest
-from suite import JSONL, RESULTS, load_prompts, prometheus_value
+from suite import JSONL, RESULTS, load_prompts, prometheus_value, settle_acceptance
 
 # 2026-12-01: 180 s ran 4,750 requests and the whole suite ended 8 s inside its limit.
 SOAK_S = float(os.environ.get("SGLANG_EXT_SOAK_S", "120"))
@@ -121,6 +121,7 @@ def test_soak_64_streams_with_client_aborts(cluster):
     for thread in threads:
         thread.join()
     time.sleep(8)  # aborted requests settle: SGLang polls for disconnects every few seconds
+    settle_acceptance()
     after = server.metrics_text()
     log = server.log_text()[log_offset:]
     records = records_by_rid()

@@ -31,6 +31,7 @@ from suite import (
     prometheus_value,
     record_like_for_like,
     running,
+    settle_acceptance,
 )
 
 from sglang_ext_tools import tau_compare
@@ -114,6 +115,7 @@ def _case(tp2, nospec: str, spec: str, tp1_name: str, max_new_tokens: int, name:
 
 
 def _per_request_metrics(server, requests: int) -> dict:
+    settle_acceptance()
     log_lines = sum("sglang_ext.acceptance {" in line for line in server.log_text().splitlines())
     records = [json.loads(line) for line in JSONL_TP2.read_text().splitlines() if line.strip()]
     text = server.metrics_text()
