@@ -375,10 +375,10 @@ def test_metrics_overhead_at_concurrency_32(cluster):
     (2026-12-01: 3,870-6,750 tok/s), so the interval cannot show a 3 % difference either way;
     it must not lie wholly below 0.97 (evidence of a cost above 3 %).
 
-    The fifth run (2026-12-01) read 1.76 %: 0.34 ms of CPU per request at 51 requests/s.
-    Since then the hook costs 0.45x per call on CI's CPU (0.165 -> 0.075 ms: label children
-    looked up once, the record encoded once for log and JSONL, per-position counts left to
-    the flusher), which predicts ~0.8 % here."""
+    The fifth run (2026-12-01) read 1.76 % (0.34 ms of CPU per request at 51 requests/s), the
+    sixth 1.36 % (0.36 ms at 37/s): per request the hook ran with cold caches. Now it queues
+    and a flusher writes in batches: 0.355x per request side by side with cold caches on CI's
+    CPU (sglang_ext_tools.bench_metrics_hook), which predicts ~0.13 ms, 0.5-0.65 % here."""
     running = cluster.only(ALONE_KEEP)
     prompts = [p["input_ids"] for p in load_prompts()] * 2
     for name in ("plugin", "plugin_nometrics"):  # warm-up, not counted: the 2026-12-01 run's
