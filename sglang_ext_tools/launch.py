@@ -157,9 +157,13 @@ class Server:
             pass
 
     def stop(self) -> None:
-        """SIGTERM (see terminate), up to 20 s for the group to exit, then SIGKILL."""
+        """SIGTERM (see terminate), up to 20 s for the group to exit, then SIGKILL. A server
+        writing the plugin's acceptance JSONL first gets one second: its flusher writes the
+        last requests' records within 0.25 s, and a killed process loses them."""
         if self.process is None or self.process.poll() is not None:
             return
+        if "SGLANG_EXT_ACCEPTANCE_JSONL" in self.env:
+            time.sleep(1.0)
         self.terminate()
         try:
             self.process.wait(timeout=20)
