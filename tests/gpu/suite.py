@@ -253,11 +253,12 @@ def cluster():
     servers = [
         Server("nospec", llama, next(port), max_bs=32),
         Server("plugin", llama, next(port), drafter, ["--enable-metrics"], metrics_env, max_bs=32),
-        Server(
+        Server(  # the plugin's metrics off, SGLang's on: the overhead test times ours alone
             "plugin_nometrics",
             llama,
             next(port),
             drafter,
+            ["--enable-metrics"],
             env={"SGLANG_EXT_METRICS": "0"},
             max_bs=32,
         ),
