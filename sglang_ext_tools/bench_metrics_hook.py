@@ -13,6 +13,8 @@ see the same machine state), then hands the queued variant's queue to its flushe
 charged their CPU time (``time.thread_time``) per request. The output is the per-request cost
 of each and the ratio queued / in-hook with its 95 % bootstrap interval over rounds. All sinks
 are on, as in the GPU suite's ``plugin`` server: log line, JSONL, Prometheus (multiprocess).
+Run it as its own process: it sets ``PROMETHEUS_MULTIPROC_DIR``, and prometheus_client keeps
+the mode it found at import for the rest of the process.
 """
 
 from __future__ import annotations

@@ -4,17 +4,26 @@ file it finds (a tool never overwrites)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
-from sglang_ext_tools import bench_metrics_hook
+
+def run_bench(args):
+    # Its own process: the benchmark puts prometheus_client in multiprocess mode, which a
+    # process cannot leave (the value class is chosen at import).
+    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    command = [sys.executable, "-m", "sglang_ext_tools.bench_metrics_hook", *args]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
 
 
-def test_bench_reports_both_variants_and_their_ratio(tmp_path, monkeypatch):
-    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+def test_bench_reports_both_variants_and_their_ratio(tmp_path):
     out = tmp_path / "cost.json"
     args = ["--rounds", "3", "--requests", "4", "--evict-mb", "0", "--out", str(out)]
-    assert bench_metrics_hook.main(args) == 0
+    proc = run_bench(args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     ms = result["ms_per_request"]
     assert ms["in_hook"] > 0 and ms["queued"] > 0
@@ -24,6 +33,6 @@ def test_bench_reports_both_variants_and_their_ratio(tmp_path, monkeypatch):
     low, high = result["ratio_ci95"]
     assert low <= high
     assert result["command"].endswith(" ".join(args))
-    with pytest.raises(SystemExit):
-        bench_metrics_hook.main(args)  # the file is there now: refused, not overwritten
+    proc = run_bench(args)  # the file is there now: refused, not overwritten
+    assert proc.returncode != 0 and "does not overwrite" in proc.stderr
     assert json.loads(out.read_text()) == result
