@@ -549,13 +549,6 @@ def capture_from_batch_output(
     return counts, fields
 
 
-def record_from_batch_output(tm: Any, recv_obj: Any, i: int) -> dict[str, Any] | None:
-    """The whole record for item ``i`` (:func:`capture_from_batch_output`, assembled), or
-    None when the request had no verify step."""
-    captured = capture_from_batch_output(tm, recv_obj, i)
-    return None if captured is None else assemble_record(captured[0], **captured[1])
-
-
 def prometheus_labels(tm: Any, rid: str | None) -> dict[str, str] | None:
     """SGLang's tokenizer metric labels (``tm.metrics_collector.labels``) when
     ``--enable-metrics`` is on, with the request's priority / allowed custom labels filled
