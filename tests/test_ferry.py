@@ -107,5 +107,15 @@ def test_the_tree_that_travels_is_measured_from_git(tmp_path):
     (tmp_path / "a.txt").write_bytes(b"x" * 100)
     (tmp_path / "big").mkdir()
     (tmp_path / "big" / "wheel").write_bytes(b"y" * 10_000)
-    assert ferry.travelling_tree_bytes(tmp_path) == 100 + len("big/\n")
+    assert ferry.travelling_tree_bytes(tmp_path) == 2 * ferry.BLOCK  # a.txt, .gitignore
     assert ferry.travelling_tree_bytes(tmp_path / "nowhere") is None
+
+
+def test_default_parts_travel_beside_this_checkout_with_room_to_grow():
+    """The default part size must fit beside the tree as it stands, with 2 MB to spare: a
+    tree that outgrows it fails here, on CPU, instead of refusing every ferry-recv call of a
+    device session (2026-12-02: 7.5 MB of tree beside 60 MB parts)."""
+    tree = ferry.travelling_tree_bytes(ROOT)
+    if tree is None:
+        pytest.skip("not a git checkout")
+    ferry.check_fits_one_call(ferry.PART_BYTES + 2_000_000, tree)
