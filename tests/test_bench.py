@@ -259,6 +259,50 @@ def test_compare_speedup_and_eta():
     assert none["speedup"] is None and none["eta"] is None
 
 
+def _timed(index, tokens, latency, ok=True):
+    return report.RequestResult(index=index, ok=ok, completion_tokens=tokens, latency_s=latency)
+
+
+def test_speedup_interval_pairs_by_prompt_and_brackets_the_point():
+    # Speculative twice as fast on every prompt: the interval collapses onto 2.
+    spec = [_timed(k, 128, 0.1 * (k + 1)) for k in range(8)]
+    base = [_timed(k, 128, 0.2 * (k + 1)) for k in reversed(range(8))]  # order must not matter
+    exact = report.speedup_interval(spec, base)
+    assert exact["point"] == pytest.approx(2.0) and exact["pairs"] == 8
+    assert exact["ci95"] == [pytest.approx(2.0), pytest.approx(2.0)]
+    # Per-prompt ratios spread around 1.5: the point is the pooled ratio, inside the interval,
+    # and the interval spans the spread but not the extremes' whole range.
+    ratios = [1.2, 1.8, 1.4, 1.6, 1.3, 1.7, 1.5, 1.5, 1.25, 1.75]
+    spec = [_timed(k, 64, 1.0) for k in range(10)]
+    base = [_timed(k, 64, r) for k, r in enumerate(ratios)]
+    ci = report.speedup_interval(spec, base)
+    assert ci["point"] == pytest.approx(1.5)
+    assert 1.2 < ci["ci95"][0] < 1.5 < ci["ci95"][1] < 1.8
+    # Token counts enter the rates: 2x the tokens in the same time is 2x the speedup.
+    spec = [_timed(k, 256, 1.0) for k in range(6)]
+    base = [_timed(k, 128, 1.0) for k in range(6)]
+    assert report.speedup_interval(spec, base)["point"] == pytest.approx(2.0)
+    # Failed requests and prompts the other side lacks drop out; under 4 pairs: no interval.
+    spec = [_timed(0, 8, 1.0), _timed(1, 8, 1.0, ok=False), _timed(2, 8, 1.0), _timed(9, 8, 1.0)]
+    base = [_timed(k, 8, 1.0) for k in range(4)]
+    assert report.speedup_interval(spec, base) is None
+
+
+def test_comparison_prints_the_speedup_interval():
+    summary = {
+        "output_tok_per_s": 90.0,
+        "mean_request_tok_per_s": 91.0,
+        "tpot_s": {"mean": None},
+        "acceptance": {"accept_length": 3.0, "accept_rate": 0.6},
+    }
+    base = {"output_tok_per_s": 30.0, "mean_request_tok_per_s": 31.0, "tpot_s": {"mean": None}}
+    cmp = report.compare(summary, base)
+    assert "[" not in report.format_comparison(summary, base, cmp).splitlines()[-1]
+    cmp["speedup_interval"] = {"point": 3.0, "ci95": [2.71, 3.34], "pairs": 16, "draws": 2000}
+    line = report.format_comparison(summary, base, cmp).splitlines()[-1]
+    assert "SPEEDUP (tok/s) 3.00x [2.71, 3.34] (95 %, 16 prompts paired)" in line
+
+
 def test_warnings_for_broken_and_healthy(recorded):
     rows = pick(recorded, "sglang-0.5.23", "generate")
     random_row = [r for r in rows if r["rid"].startswith("random")]

@@ -55,6 +55,7 @@ from sglang_ext.cli.bench_report import (
     format_summary,
     make_result,
     output_agreement,
+    speedup_interval,
     summarize,
     write_plot,
 )
@@ -535,6 +536,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         bsum = summarize(base_results, bwall)
         comparison = compare(summary, bsum)
         comparison["outputs"] = output_agreement(results, base_results)
+        # Paired by prompt, the speedup's interval holds at concurrency 1 only (there the
+        # requests' latencies make up the run's time).
+        if args.concurrency == 1:
+            comparison["speedup_interval"] = speedup_interval(results, base_results)
         baseline = {"server": base_server, "summary": bsum,
                     "requests": [_result_json(r) for r in base_results]}  # fmt: skip
     s = server.get

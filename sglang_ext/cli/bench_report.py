@@ -13,6 +13,7 @@ loaded, else SGLang's own (0.5.17 and 0.5.23: ``spec_verify_ct``, ``spec_num_cor
 from __future__ import annotations
 
 import math
+import random
 import statistics
 import time
 from collections.abc import Mapping, Sequence
@@ -273,6 +274,36 @@ def compare(spec: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def speedup_interval(
+    spec: Sequence[RequestResult],
+    base: Sequence[RequestResult],
+    draws: int = 2000,
+    seed: int = 0,
+) -> dict[str, Any] | None:
+    """95 % interval of the speedup from the requests both servers answered, paired by prompt
+    index: speedup = (spec tokens / spec latency) / (baseline tokens / baseline latency),
+    summed over a bootstrap resample of the prompts. Meaningful at concurrency 1, where the
+    latencies add up to the run's time; ``None`` with fewer than 4 pairs."""
+    by_index = {r.index: r for r in base if r.ok and r.latency_s and r.completion_tokens}
+    pairs = [
+        (r.completion_tokens, r.latency_s, by_index[r.index].completion_tokens,
+         by_index[r.index].latency_s)
+        for r in spec
+        if r.ok and r.latency_s and r.completion_tokens and r.index in by_index
+    ]  # fmt: skip
+    if len(pairs) < 4:
+        return None
+
+    def ratio(picks: Sequence[tuple[int, float, int, float]]) -> float:
+        st, sl, bt, bl = (sum(p[k] for p in picks) for k in range(4))
+        return (st / sl) / (bt / bl)
+
+    rng = random.Random(seed)
+    values = sorted(ratio([rng.choice(pairs) for _ in pairs]) for _ in range(draws))
+    lo, hi = values[int(0.025 * draws)], values[int(0.975 * draws) - 1]
+    return {"point": ratio(pairs), "ci95": [lo, hi], "pairs": len(pairs), "draws": draws}
+
+
 def output_agreement(spec: Sequence[RequestResult], base: Sequence[RequestResult]) -> dict:
     """Prompts that produced identical text on both servers (greedy decoding should, up to
     numerics; a large mismatch hints at a wrong target or broken verification)."""
@@ -405,11 +436,19 @@ def format_comparison(spec: Mapping[str, Any], base: Mapping[str, Any], cmp: Map
         [
             "== speculative vs baseline ==",
             *(f"  {a.ljust(w0)}  {b.rjust(w1)}  {c}" for a, b, c in rows),
-            f"  SPEEDUP (tok/s) {_f(cmp['speedup'], '{:.2f}x')}   TPOT speedup "
+            f"  SPEEDUP (tok/s) {_f(cmp['speedup'], '{:.2f}x')}{_interval(cmp)}   TPOT speedup "
             f"{_f(cmp['tpot_speedup'], '{:.2f}x')}   eta = speedup / accept length = "
             f"{_f(cmp['eta'])}",
         ]
     )
+
+
+def _interval(cmp: Mapping[str, Any]) -> str:
+    ci = cmp.get("speedup_interval")
+    if not ci:
+        return ""
+    lo, hi = ci["ci95"]
+    return f" [{lo:.2f}, {hi:.2f}] (95 %, {ci['pairs']} prompts paired)"
 
 
 def banner(messages: Sequence[str]) -> str:
