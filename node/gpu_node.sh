@@ -481,17 +481,23 @@ one-install)
     ls "$SUITE"
     ;;
 one-wait)
+    res="$SUITE/sglang0.5.23"
+    one_collect() {
+        cp "$res"/integration-*.json "$res/pytest.log" "$OUT"/ 2>/dev/null || true
+        cp "$FIX/fixtures.json" "$MLA/mla-fixtures.json" "$OUT"/ 2>/dev/null || true
+        tar -czf "$OUT/suite-logs.tgz" -C "$SUITE" pipeline.log fixtures.log mla.log \
+            sglang0.5.23/patched.log 2>/dev/null || true
+        (cd /tmp/sglang-ext-logs-0.5.23 2>/dev/null && tar -czf "$OUT/server-logs-0.5.23.tgz" \
+            server-*.log bench-stdout.txt) 2>/dev/null || true
+    }
+    # A wait cut off at the call's limit (or at the end of the session's device time) still
+    # hands back what the suite has written so far.
+    trap 'one_collect; exit 124' TERM
     wait_for "$SUITE" "${1:-540}"
     grep -h "make_fixtures\|Error\|error\|done in" "$SUITE"/fixtures.log "$SUITE"/mla.log 2>/dev/null \
         | tail -n 12
-    res="$SUITE/sglang0.5.23"
     tail -n 30 "$res/pytest.log" 2>/dev/null
-    cp "$res"/integration-*.json "$res/pytest.log" "$OUT"/ 2>/dev/null || true
-    cp "$FIX/fixtures.json" "$MLA/mla-fixtures.json" "$OUT"/ 2>/dev/null || true
-    tar -czf "$OUT/suite-logs.tgz" -C "$SUITE" pipeline.log fixtures.log mla.log \
-        sglang0.5.23/patched.log 2>/dev/null || true
-    (cd /tmp/sglang-ext-logs-0.5.23 2>/dev/null && tar -czf "$OUT/server-logs-0.5.23.tgz" \
-        server-*.log bench-stdout.txt) 2>/dev/null || true
+    one_collect
     nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
     [ -f "$SUITE/DONE" ]
     ;;

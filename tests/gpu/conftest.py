@@ -55,13 +55,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+FAILURE_TAIL_CHARS = 4000  # the assertion line and the values it printed
+
+
 def pytest_runtest_logreport(report):
     """Record each GPU test's outcome so the results JSON says which criteria held."""
     if "tests/gpu/" not in report.nodeid:
         return
     import time
 
-    from harness import DURATIONS, FINISHED_AT, OUTCOMES
+    from harness import DURATIONS, FAILURES, FINISHED_AT, OUTCOMES
 
     name = report.nodeid.split("::", 1)[-1]
     if report.when in ("setup", "call"):
@@ -70,6 +73,8 @@ def pytest_runtest_logreport(report):
         FINISHED_AT[name] = time.strftime("%H:%M:%S", time.gmtime(getattr(report, "stop", None)))
     if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
         OUTCOMES[name] = report.outcome
+    if report.failed:
+        FAILURES[name] = f"{report.when}: {report.longreprtext[-FAILURE_TAIL_CHARS:]}"
     if report.when == "call":
         # The results file after every test that ran, not only at the session's end: a
         # session cut short (the machine taken back, a limit) keeps what it measured (the

@@ -15,6 +15,7 @@ __all__ = [
     "BASE_FLAGS",
     "EXTRA_ARGS",
     "DURATIONS",
+    "FAILURES",
     "FINISHED_AT",
     "OUTCOMES",
     "SPEC_FLAGS",
@@ -30,6 +31,9 @@ EXTRA_ARGS = os.environ.get("SGLANG_EXT_SERVER_ARGS", "").split()
 OUTCOMES: dict[str, str] = {}  # test id -> passed/failed/skipped, filled by conftest
 DURATIONS: dict[str, float] = {}  # test id -> seconds (setup + call), filled by conftest
 FINISHED_AT: dict[str, str] = {}  # test id -> UTC time its teardown ended, filled by conftest
+# test id -> the end of its failure report (assertion and values), filled by conftest: a run
+# cut short before pytest's summary still says why a test failed (the seventh run did not)
+FAILURES: dict[str, str] = {}
 
 
 class Server(_LaunchServer):

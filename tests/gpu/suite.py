@@ -23,7 +23,15 @@ import time
 from pathlib import Path
 
 import pytest
-from harness import DURATIONS, FINISHED_AT, OUTCOMES, STOCK_ENV, Server, start_all
+from harness import (
+    DURATIONS,
+    FAILURES,
+    FINISHED_AT,
+    OUTCOMES,
+    STOCK_ENV,
+    Server,
+    start_all,
+)
 
 from sglang_ext_tools import lossless, tau_compare
 
@@ -687,6 +695,7 @@ def write_results(quiet: bool = False) -> None:
         },
         "attention_backend": "triton",
         "outcomes": dict(OUTCOMES),
+        "failures": dict(FAILURES),
         "durations_s": dict(DURATIONS),  # setup + call per test (setup holds server startup)
         "finished_at_utc": dict(FINISHED_AT),  # after teardown (module fixtures stop servers)
         **RESULTS,
