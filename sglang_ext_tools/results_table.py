@@ -21,6 +21,7 @@ SEED_TEST = "test_seed_case_stock_stalls_plugin_refuses_then_serves_faster"
 OFF_BY_ONE_TEST = "test_off_by_one_aux_ids_are_captured_as_configured"
 METRICS_TEST = "test_metrics_overhead_at_concurrency_32"
 BENCH_TEST = "test_bench_client_against_baseline"
+NOT_RUN = "not run"  # collected, never reached (tests/gpu/conftest.py)
 BEGIN, END = "<!-- gpu-results:begin -->", "<!-- gpu-results:end -->"
 
 
@@ -158,7 +159,19 @@ def _other_rows(data: dict) -> list[str]:
             + f" | {_verdict(_passed(data, METRICS_TEST))} |"
         )
     bench = data.get("bench", {})
-    if "suite_speedup_ci95" in bench:
+    if "bench_vs_suite" in bench:
+        agree = bench["bench_vs_suite"]
+        low, high = agree["band"]
+        rows.append(
+            f"| `sglang-ext bench` speedup vs the suite's own timing of the same prompts | "
+            f"{bench['bench_speedup']:.3f} (CI {_ci(bench['bench_speedup_ci95'])}) vs "
+            f"{bench['suite_speedup']:.3f} (CI {_ci(bench['suite_speedup_ci95'])}); ratio "
+            f"{agree['ratio']:.3f} (CI {_ci(agree['ci95'])}, paired over {agree['prompts']} "
+            f"prompts), fails only wholly outside [{low:.3f}, {high:.3f}]; τ "
+            f"{bench['bench_tau']} vs {bench['suite_tau']} | "
+            f"{_verdict(_passed(data, BENCH_TEST))} |"
+        )
+    elif "suite_speedup_ci95" in bench:  # the rule until 2026-12-02
         speedup = bench["comparison"]["speedup"]
         low, high = bench["bench_speedup_allowed"]
         rows.append(
@@ -198,7 +211,8 @@ def _other_rows(data: dict) -> list[str]:
 
 def render(data: dict, source: str) -> str:
     outcomes = data.get("outcomes", {})
-    counts = {k: sum(v == k for v in outcomes.values()) for k in ("passed", "failed", "skipped")}
+    kinds = ("passed", "failed", "skipped", NOT_RUN)
+    counts = {k: sum(v == k for v in outcomes.values()) for k in kinds}
     versions = data.get("versions", {})
     gpu = data.get("gpu", {})
     lines = [
@@ -207,7 +221,9 @@ def render(data: dict, source: str) -> str:
         f"run {data.get('date')} on {gpu.get('name')} (uuid {gpu.get('uuid', '?')}), SGLang "
         f"{data.get('sglang_version')}, torch {data.get('torch_version')}, transformers "
         f"{versions.get('transformers')}, attention backend {data.get('attention_backend')}: "
-        f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped "
+        f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped"
+        + (f", {counts[NOT_RUN]} not run (the session ended first)" if counts[NOT_RUN] else "")
+        + " "
         f"(`{data.get('command')}`).",
         "",
         "| check | figures | verdict |",
@@ -219,6 +235,9 @@ def render(data: dict, source: str) -> str:
     failed = sorted(k for k, v in outcomes.items() if v == "failed")
     if failed:
         lines += ["", "Failed: " + ", ".join(f"`{k}`" for k in failed) + "."]
+    not_run = sorted(k for k, v in outcomes.items() if v == NOT_RUN)
+    if not_run:
+        lines += ["", "Not run: " + ", ".join(f"`{k}`" for k in not_run) + "."]
     return "\n".join([*lines, END])
 
 

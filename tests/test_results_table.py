@@ -27,7 +27,7 @@ def synthetic() -> dict:
         "date": "2026-12-01T12:00:00+00:00",
         "gpu": {"name": "NVIDIA H200", "uuid": "GPU-x"},
         "sglang_version": "0.5.23",
-        "outcomes": {"test_a": "passed", "test_b": "failed"},
+        "outcomes": {"test_a": "passed", "test_b": "failed", "test_c": "not run"},
         "lossless": {"plugin": lossless, "mla_chain": {**lossless, "pass": False}},
         "lossless_tolerance": {"llama": {"tolerance_from_tokens": 16384}},
         "tau_equivalence": {"llama": {**tau, "band": [0.95, 1.05], "pass": True}},
@@ -38,10 +38,32 @@ def test_render_states_each_verdict_and_the_failures():
     block = results_table.render(synthetic(), "r.json")
     assert block.startswith(results_table.BEGIN) and block.endswith(results_table.END)
     assert "From `r.json`" in block
-    assert "1 passed, 1 failed, 0 skipped" in block
+    assert "1 passed, 1 failed, 0 skipped, 1 not run (the session ended first)" in block
+    assert "Not run: `test_c`." in block
     assert "lossless `plugin`" in block and "**FAIL**" in block
     assert "ratio 1.0100, 95 % CI [0.990, 1.030] over 64 prompts" in block
     assert "Failed: `test_b`." in block
+
+
+def test_bench_row_states_both_intervals_and_the_rule():
+    data = synthetic()
+    data["outcomes"][results_table.BENCH_TEST] = "passed"
+    data["bench"] = {
+        "bench_speedup": 0.914,
+        "bench_speedup_ci95": [0.85, 0.98],
+        "suite_speedup": 0.88,
+        "suite_speedup_ci95": [0.8, 0.95],
+        "bench_vs_suite": {
+            "ratio": 1.0386, "ci95": [0.98, 1.1], "band": [0.9091, 1.1], "prompts": 16,
+            "agree": True,
+        },
+        "bench_tau": 2.42,
+        "suite_tau": 2.42,
+    }  # fmt: skip
+    row = next(x for x in results_table.render(data, "r.json").splitlines() if "bench" in x)
+    assert "0.914 (CI [0.850, 0.980]) vs 0.880 (CI [0.800, 0.950])" in row
+    assert "ratio 1.039 (CI [0.980, 1.100], paired over 16 prompts)" in row
+    assert "wholly outside [0.909, 1.100]" in row and row.endswith("**pass** |")
 
 
 def test_replace_block_and_source():
