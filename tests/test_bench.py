@@ -22,6 +22,7 @@ import json
 import socket
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -524,6 +525,7 @@ class _Replay(http.server.BaseHTTPRequestHandler):
     responses: dict = {}
     server_info: dict = {}
     seen: list = []
+    delay_s: float = 0.0  # per request, before the response: a server's "latency"
 
     def log_message(self, *a):  # quiet
         pass
@@ -555,6 +557,7 @@ class _Replay(http.server.BaseHTTPRequestHandler):
             return self._send_json({"error": {"message": "bad request"}}, 400)
         rows = self.responses[key]
         resp = rows[len(type(self).seen) % len(rows)]
+        time.sleep(self.delay_s)
         if not body.get("stream"):
             return self._send_json(resp)
         self.send_response(200)
@@ -586,9 +589,11 @@ def _stream_chunks(key, resp):
         yield {"id": resp["id"], "choices": [], "usage": resp["usage"]}
 
 
-def _serve(responses, server_info):
+def _serve(responses, server_info, delay_s=0.0):
     handler = type(
-        "H", (_Replay,), {"responses": responses, "server_info": server_info, "seen": []}
+        "H",
+        (_Replay,),
+        {"responses": responses, "server_info": server_info, "seen": [], "delay_s": delay_s},
     )
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     t = threading.Thread(target=srv.serve_forever, daemon=True)
@@ -673,6 +678,43 @@ def test_client_io_against_local_replay_server(stub_servers, tmp_path, capsys, a
         assert acc["sources"] == ["sglang"]
     else:
         assert acc["sources"] == ["sglang_ext"]
+
+
+def test_speedup_interval_at_concurrency_1_matches_the_printed_speedup(recorded, tmp_path, capsys):
+    """The GPU bench test's premise, with the real client: at concurrency 1 the speedup from
+    the per-request timings (the interval's point) is the printed one within 3 %, the gaps
+    between requests being all that separates them. Replays delayed 40 ms / 80 ms."""
+    rows = [r["response"] for r in pick(recorded, "sglang-0.5.23+sglang_ext", "generate")]
+    spec, _, url = _serve({"generate": rows}, {"speculative_algorithm": "EAGLE3"}, 0.04)
+    base, _, burl = _serve({"generate": rows}, {"speculative_algorithm": None}, 0.08)
+    try:
+        out = tmp_path / "r.json"
+        common = ["--num-requests", "8", "--warmup", "0", "--no-progress", "--no-stream"]
+        rc = b.main(["--url", url, "--baseline-url", burl, *common, "--out", str(out)])
+    finally:
+        for srv in (spec, base):
+            srv.shutdown()
+            srv.server_close()
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    cmp = json.loads(out.read_text())["comparison"]
+    interval = cmp["speedup_interval"]
+    assert (
+        interval["pairs"] == 8 and interval["ci95"][0] <= interval["point"] <= interval["ci95"][1]
+    )
+    assert cmp["speedup"] == pytest.approx(interval["point"], rel=0.03)
+    assert cmp["speedup"] == pytest.approx(2.0, rel=0.15)
+    lo, hi = interval["ci95"]
+    assert f"[{lo:.2f}, {hi:.2f}] (95 %, 8 prompts paired)" in text
+    # At concurrency > 1 the latencies overlap: no interval is claimed.
+    spec, _, url = _serve({"generate": rows}, {"speculative_algorithm": "EAGLE3"}, 0.0)
+    try:
+        rc = b.main(["--url", url, "--baseline-url", url, *common, "--concurrency", "2",
+                     "--out", str(out)])  # fmt: skip
+    finally:
+        spec.shutdown()
+        spec.server_close()
+    assert rc == 0 and "speedup_interval" not in json.loads(out.read_text())["comparison"]
 
 
 def test_client_io_failures_and_min_accept_length(stub_servers, tmp_path, capsys):
