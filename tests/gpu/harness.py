@@ -5,6 +5,7 @@ small --mem-fraction-static) and start in parallel, so the whole suite fits a sh
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
@@ -18,10 +19,12 @@ __all__ = [
     "FAILURES",
     "FINISHED_AT",
     "OUTCOMES",
+    "PHASES",
     "SPEC_FLAGS",
     "STOCK_ENV",
     "Server",
     "start_all",
+    "timed_phase",
     "timed_tokens_per_s",
 ]
 
@@ -31,6 +34,20 @@ EXTRA_ARGS = os.environ.get("SGLANG_EXT_SERVER_ARGS", "").split()
 OUTCOMES: dict[str, str] = {}  # test id -> passed/failed/skipped, filled by conftest
 DURATIONS: dict[str, float] = {}  # test id -> seconds (setup + call), filled by conftest
 FINISHED_AT: dict[str, str] = {}  # test id -> UTC time its teardown ended, filled by conftest
+# "test.phase" -> seconds: where a long test's time goes (servers generating, the HF reference
+# loading, teacher-forcing, ...), the data a cut of the suite's device time needs
+PHASES: dict[str, float] = {}
+
+
+@contextlib.contextmanager
+def timed_phase(name: str):
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        PHASES[name] = round(PHASES.get(name, 0.0) + time.perf_counter() - start, 1)
+
+
 # test id -> the end of its failure report (assertion and values), filled by conftest: a run
 # cut short before pytest's summary still says why a test failed (the seventh run did not)
 FAILURES: dict[str, str] = {}

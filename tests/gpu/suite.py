@@ -28,9 +28,11 @@ from harness import (
     FAILURES,
     FINISHED_AT,
     OUTCOMES,
+    PHASES,
     STOCK_ENV,
     Server,
     start_all,
+    timed_phase,
 )
 
 from sglang_ext_tools import lossless, tau_compare
@@ -616,10 +618,15 @@ def like_for_like(
 
     from sglang_ext_tools import reference as ref
 
-    target = ref.load_target(target_dir, device="cuda", dtype="bfloat16")
-    drafter = ref.load_drafter(drafter_dir, device="cuda", dtype="bfloat16")
+    key = f"like_for_like.{Path(drafter_dir).name}"
+    with timed_phase(f"{key}.load"):
+        target = ref.load_target(target_dir, device="cuda", dtype="bfloat16")
+        drafter = ref.load_drafter(drafter_dir, device="cuda", dtype="bfloat16")
     try:
-        with contextlib.nullcontext() if window else ref.full_attention(drafter):
+        with (
+            timed_phase(f"{key}.rows"),
+            contextlib.nullcontext() if window else ref.full_attention(drafter),
+        ):
             return ref.teacher_forced_rows(
                 target, drafter, [p["input_ids"] for p in prompts], outputs, num_steps=steps
             )
@@ -696,6 +703,7 @@ def write_results(quiet: bool = False) -> None:
         "attention_backend": "triton",
         "outcomes": dict(OUTCOMES),
         "failures": dict(FAILURES),
+        "phase_s": dict(PHASES),  # inside the long tests (harness.timed_phase)
         "durations_s": dict(DURATIONS),  # setup + call per test (setup holds server startup)
         "finished_at_utc": dict(FINISHED_AT),  # after teardown (module fixtures stop servers)
         **RESULTS,

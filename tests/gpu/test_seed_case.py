@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from harness import timed_phase
 from suite import (
     ALONE_KEEP,
     AUX_DUMP,
@@ -57,10 +58,10 @@ def mla(cluster, mla_baseline):
     for name in ("mla_chain", "mla_tree"):
         assert cluster[name].status == "ready", cluster[name].log_text()[-3000:]
     ids = mla_baseline["ids"]
-    outputs = {
-        name: cluster[name].generate_many(ids, MLA_NEW_TOKENS, concurrency=1)
-        for name in ("mla_chain", "mla_tree")
-    }
+    outputs = {}
+    for name in ("mla_chain", "mla_tree"):
+        with timed_phase(f"mla.generate.{name}"):
+            outputs[name] = cluster[name].generate_many(ids, MLA_NEW_TOKENS, concurrency=1)
     for name in ("mla_chain", "mla_tree"):  # what the TP=2 phase compares with
         TP1_OUTPUTS[name] = {"prompts": mla_baseline["prompts"], "outputs": outputs[name]}
     return {"cluster": cluster, "baseline": mla_baseline, "outputs": outputs}
@@ -70,7 +71,8 @@ def test_mla_chain_is_lossless_and_equivalent_to_the_reference(mla):
     """Every token teacher-forced; tau vs the reference teacher-forced on the served text
     (the 61-layer HF target, function-identical to the trained 6-layer one), by interval."""
     base, chain = mla["baseline"], mla["outputs"]["mla_chain"]
-    verdict = lossless_verdict(base, chain, "mla_chain")
+    with timed_phase("mla_chain.lossless"):
+        verdict = lossless_verdict(base, chain, "mla_chain")
     verdict["setting"] = setting(CHAIN)
     rows = like_for_like(
         MLA_FIXTURES / "deep-target", MLA_FIXTURES / "deep-drafter", base["prompts"], chain, STEPS
@@ -293,7 +295,8 @@ def test_off_by_one_aux_ids_are_captured_as_configured(mla):
         server = cluster[f"mla_{shift}"]
         assert server.status == "ready", server.log_text()[-3000:]
         # concurrency 8: tau is per request; the trained side ran at 1 (the lossless check)
-        served[shift] = server.generate_many(base["ids"][:n], MLA_NEW_TOKENS, concurrency=8)
+        with timed_phase(f"off_by_one.generate.{shift}"):
+            served[shift] = server.generate_many(base["ids"][:n], MLA_NEW_TOKENS, concurrency=8)
         out[f"{shift}_tau"] = round(served_tau(served[shift]), 4)
         out[f"{shift}_vs_trained"] = tau_compare.ratio_interval(
             [tau_compare.served_counts(o) for o in served[shift]],
@@ -303,7 +306,8 @@ def test_off_by_one_aux_ids_are_captured_as_configured(mla):
     # forward per prompt for all of them (the trained drafter's rows come from the chain test
     # when it ran: the same drafter on the same text), each shifted one on its own server's
     # text too; then each server's captured features against the HF states.
-    target = ref.load_target(MLA_FIXTURES / "deep-target", device="cuda", dtype="bfloat16")
+    with timed_phase("off_by_one.load_target"):
+        target = ref.load_target(MLA_FIXTURES / "deep-target", device="cuda", dtype="bfloat16")
     try:
         trained_rows = mla.get("chain_rows")
         loaded = {
@@ -321,15 +325,17 @@ def test_off_by_one_aux_ids_are_captured_as_configured(mla):
         with torch.no_grad():
             loaded["no_features"].fc.weight.zero_()
         try:
-            on_trained = ref.teacher_forced_rows_shared(
-                target, loaded, prompts, trained, num_steps=STEPS
-            )
+            with timed_phase("off_by_one.rows_on_trained_text"):
+                on_trained = ref.teacher_forced_rows_shared(
+                    target, loaded, prompts, trained, num_steps=STEPS
+                )
             if trained_rows is not None:
                 on_trained["trained"] = trained_rows
             for shift in ("plus1", "minus1"):
-                own = ref.teacher_forced_rows(
-                    target, loaded[shift], prompts, served[shift], num_steps=STEPS
-                )
+                with timed_phase(f"off_by_one.rows_own_text.{shift}"):
+                    own = ref.teacher_forced_rows(
+                        target, loaded[shift], prompts, served[shift], num_steps=STEPS
+                    )
                 out[f"{shift}_like_for_like"] = record_like_for_like(
                     f"mla_{shift}", served[shift], own, STEPS
                 )
@@ -338,17 +344,16 @@ def test_off_by_one_aux_ids_are_captured_as_configured(mla):
         for name, (server_name, drafter_dir) in drafters.items():
             config_path = MLA_FIXTURES / Path(drafter_dir).name / "config.json"
             ids = json.loads(config_path.read_text())["eagle_aux_hidden_state_layer_ids"]
-            out["features"][name] = {
-                "aux_ids": ids,
-                **_aux_agreement(
+            with timed_phase(f"off_by_one.features.{name}"):
+                agreement = _aux_agreement(
                     AUX_DUMP / server_name,
                     MLA_FIXTURES / "deep-target",
                     base["prompts"],
                     ids,
                     neighbours=True,
                     loaded=target,
-                ),
-            }
+                )
+            out["features"][name] = {"aux_ids": ids, **agreement}
     finally:
         del target
         torch.cuda.empty_cache()
