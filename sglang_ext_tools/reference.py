@@ -60,6 +60,7 @@ __all__ = [
     "ChainOutput",
     "SpecResult",
     "aux_hidden_states",
+    "batched_hidden_states",
     "collect_hidden_states",
     "default_aux_layer_ids",
     "draft_chain",
@@ -678,6 +679,86 @@ def teacher_forced_acceptance(
     ``states``: the target's :func:`collect_hidden_states` over ``prompt + continuation``,
     when the caller has it (:func:`teacher_forced_rows_shared`); else computed here.
     """
+    loop = _teacher_forced_loop(
+        target, drafter, prompt_ids, continuation_ids, num_steps, aux_layer_ids,
+        position_offset, proposer, states,
+    )  # fmt: skip
+    if judge_past_end and loop.pending is not None:
+        verify, _ = target_forward(target, loop.pending.ids, loop.aux_layer_ids)
+        loop.judge(torch.argmax(verify[loop.pending.start :], dim=-1).tolist())
+    return loop.row()
+
+
+@dataclass
+class _PendingJudge:
+    """A last cycle whose proposals reach past the continuation's end, every in-range one
+    accepted: the target's greedy tokens after ``ids`` from index ``start`` on judge the
+    rest (``drafts[left:]``)."""
+
+    ids: list[int]  # prompt + continuation + drafts[left:]
+    start: int  # len(prompt) + len(continuation) - 1: the first prediction past the end
+    drafts: list[int]
+    left: int
+
+
+@dataclass
+class _TeacherForcedLoop:
+    """:func:`teacher_forced_acceptance`'s loop, before the past-end judgement (``pending``,
+    which a caller may batch with others) and the row."""
+
+    prompt: list[int]
+    cont: list[int]
+    num_steps: int
+    aux_layer_ids: list[int]
+    accepted: list[int]
+    emitted: list[int]
+    disagreements: int
+    pending: _PendingJudge | None
+
+    def judge(self, preds: Sequence[int]) -> None:
+        """Count the past-end proposals the target's greedy ``preds`` (from the pending
+        ``start``) agree with, as speculative_generate's verify does."""
+        p = self.pending
+        n_acc = self.accepted[-1]
+        while n_acc < self.num_steps and p.drafts[n_acc] == preds[n_acc - p.left]:
+            n_acc += 1
+        self.accepted[-1] = n_acc
+        self.pending = None
+
+    def row(self) -> dict[str, Any]:
+        accepted, num_steps = self.accepted, self.num_steps
+        cycles = len(accepted)
+        acc_pp = [sum(1 for a in accepted if a > j) for j in range(num_steps)]
+        reached = [sum(1 for a in accepted if a >= j) for j in range(num_steps)]
+        return {
+            "prompt_len": len(self.prompt),
+            "tokens": self.cont,
+            "accepted": accepted,
+            "cycles": cycles,
+            "emitted": self.emitted,
+            "num_steps": num_steps,
+            "tau": (sum(accepted) + cycles) / cycles if cycles else None,
+            "accepted_per_position": acc_pp,
+            "proposed_per_position": [cycles] * num_steps,
+            "per_position": [a / cycles for a in acc_pp] if cycles else [None] * num_steps,
+            "per_position_conditional": [
+                (a / r) if r else None for a, r in zip(acc_pp, reached, strict=True)
+            ],
+            "target_disagreements": self.disagreements,
+        }
+
+
+def _teacher_forced_loop(
+    target,
+    drafter,
+    prompt_ids: Sequence[int],
+    continuation_ids: Sequence[int],
+    num_steps: int,
+    aux_layer_ids: Sequence[int] | None,
+    position_offset: int,
+    proposer: Proposer | None,
+    states,
+) -> _TeacherForcedLoop:
     if num_steps < 1:
         raise ValueError("num_steps must be >= 1")
     if aux_layer_ids is None:
@@ -687,6 +768,7 @@ def teacher_forced_acceptance(
     accepted: list[int] = []
     emitted_per_cycle: list[int] = []
     disagreements = 0
+    pending = None
     if cont:
         logits, aux_all = target_forward(target, prompt + cont, aux_layer_ids, states)
         greedy = torch.argmax(logits[len(prompt) - 1 : -1], dim=-1).tolist()
@@ -710,34 +792,17 @@ def teacher_forced_acceptance(
         n_acc = 0
         while n_acc < min(len(drafts), left) and drafts[n_acc] == cont[done + n_acc]:
             n_acc += 1
-        if judge_past_end and n_acc == left < num_steps:
-            verify, _ = target_forward(target, prompt + cont + drafts[left:], aux_layer_ids)
-            preds = torch.argmax(verify[len(prompt) + len(cont) - 1 :], dim=-1).tolist()
-            while n_acc < num_steps and drafts[n_acc] == preds[n_acc - left]:
-                n_acc += 1
+        if n_acc == left < num_steps:  # the last cycle; the rest is judged by the target
+            ids = prompt + cont + drafts[left:]
+            pending = _PendingJudge(ids, len(prompt) + len(cont) - 1, drafts, left)
         accepted.append(n_acc)
         step = min(n_acc + 1, left)
         emitted_per_cycle.append(step)
         done += step
-    cycles = len(accepted)
-    acc_pp = [sum(1 for a in accepted if a > j) for j in range(num_steps)]
-    reached = [sum(1 for a in accepted if a >= j) for j in range(num_steps)]
-    return {
-        "prompt_len": len(prompt),
-        "tokens": cont,
-        "accepted": accepted,
-        "cycles": cycles,
-        "emitted": emitted_per_cycle,
-        "num_steps": num_steps,
-        "tau": (sum(accepted) + cycles) / cycles if cycles else None,
-        "accepted_per_position": acc_pp,
-        "proposed_per_position": [cycles] * num_steps,
-        "per_position": [a / cycles for a in acc_pp] if cycles else [None] * num_steps,
-        "per_position_conditional": [
-            (a / r) if r else None for a, r in zip(acc_pp, reached, strict=True)
-        ],
-        "target_disagreements": disagreements,
-    }
+    return _TeacherForcedLoop(
+        prompt, cont, num_steps, list(aux_layer_ids), accepted, emitted_per_cycle,
+        disagreements, pending,
+    )  # fmt: skip
 
 
 def teacher_forced_rows(
@@ -749,7 +814,8 @@ def teacher_forced_rows(
     aux_layer_ids: Sequence[int] | None = None,
     position_offset: int = 0,
 ) -> list[dict[str, Any]]:
-    """Teacher-forced reference rows for a batch of served outputs, prompt by prompt.
+    """Teacher-forced reference rows for a batch of served outputs, one per prompt (the target
+    run on several prompts at once: :func:`teacher_forced_rows_shared`).
 
     ``prompts[i]``: token ids, or a prompts.jsonl record (``input_ids``, optional ``id``);
     ``outputs[i]``: its SGLang ``/generate`` result (``output_ids``; ``meta_info`` is read
@@ -775,6 +841,42 @@ def _served_row(prompt, output: dict, row: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
+# Sequences per target forward in teacher_forced_rows_shared. The GPU suite's eager 61-layer
+# MoE target should be launch-bound at one sequence of ~250 tokens, so 16 should cost little
+# more than 1 (not measured yet: the suite's phase_s timings will say).
+TARGET_BATCH = 16
+
+
+def _right_padded(seqs: Sequence[Sequence[int]], device) -> torch.Tensor:
+    ids = torch.zeros(len(seqs), max(len(q) for q in seqs), dtype=torch.long, device=device)
+    for b, q in enumerate(seqs):
+        ids[b, : len(q)] = torch.as_tensor(list(q), dtype=torch.long)
+    return ids
+
+
+def batched_hidden_states(target, seqs: Sequence[Sequence[int]]) -> list[tuple]:
+    """:func:`collect_hidden_states` for several sequences in one right-padded forward: item
+    ``b`` has its shape and meaning for ``seqs[b]`` alone (``[1, len, ...]``). Causal
+    attention keeps padding after a sequence from reaching it, and positions start at 0 for
+    every row; only float summation order may differ from one forward per sequence."""
+    device = next(target.parameters()).device
+    logits, hidden = collect_hidden_states(target, _right_padded(seqs, device))
+    return [
+        (logits[b : b + 1, : len(q)], [h[b : b + 1, : len(q)] for h in hidden])
+        for b, q in enumerate(seqs)
+    ]
+
+
+def _batched_greedy(target, seqs: Sequence[Sequence[int]], starts: Sequence[int]) -> list:
+    """The target's greedy tokens for each sequence from index ``starts[b]`` to its end."""
+    device = next(target.parameters()).device
+    logits = target(input_ids=_right_padded(seqs, device), use_cache=False).logits
+    return [
+        torch.argmax(logits[b, start : len(q)].float(), dim=-1).tolist()
+        for b, (q, start) in enumerate(zip(seqs, starts, strict=True))
+    ]
+
+
 @torch.no_grad()
 def teacher_forced_rows_shared(
     target,
@@ -784,35 +886,70 @@ def teacher_forced_rows_shared(
     num_steps: int = 3,
     aux_layer_ids: Sequence[int] | None = None,
     position_offset: int = 0,
+    batch: int = TARGET_BATCH,
 ) -> dict[str, list[dict[str, Any]]]:
-    """:func:`teacher_forced_rows` for several drafters on the same served text, with one
-    target forward per prompt for all of them (each reads its own aux ids from it): what an
-    off-by-one comparison needs, at a third of the target work for three drafters."""
+    """:func:`teacher_forced_rows` for several drafters on the same served text: the target
+    runs once per ``batch`` prompts for all of them (each drafter reads its own aux ids from
+    the same states), and the last cycles judged past the text's end are verified in
+    batches too. The rows are :func:`teacher_forced_acceptance`'s for each prompt and
+    drafter (held equal by a CPU test). 64 prompts take 4 target forwards instead of 64, and
+    the past-end verifies (at most one per prompt and drafter) one per 16 instead of one each.
+    """
     if len(prompts) != len(outputs):
         raise ValueError(f"{len(prompts)} prompts but {len(outputs)} served outputs")
-    device = next(target.parameters()).device
-    rows: dict[str, list[dict[str, Any]]] = {name: [] for name in drafters}
-    for prompt, output in zip(prompts, outputs, strict=True):
-        ids = [int(t) for t in (prompt["input_ids"] if isinstance(prompt, dict) else prompt)]
-        cont = [int(t) for t in output["output_ids"]]
-        states = None
-        if cont:
-            input_ids = torch.tensor([ids + cont], dtype=torch.long, device=device)
-            states = collect_hidden_states(target, input_ids)
-        for name, drafter in drafters.items():
-            row = teacher_forced_acceptance(
-                target,
-                drafter,
-                ids,
-                cont,
-                num_steps,
-                aux_layer_ids,
-                position_offset=position_offset,
-                states=states,
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1, got {batch}")
+    texts = [
+        (
+            [int(t) for t in (p["input_ids"] if isinstance(p, dict) else p)],
+            [int(t) for t in o["output_ids"]],
+        )
+        for p, o in zip(prompts, outputs, strict=True)
+    ]
+    loops: dict[str, list[_TeacherForcedLoop]] = {name: [] for name in drafters}
+    for first in range(0, len(texts), batch):
+        chunk = texts[first : first + batch]
+        with_text = [k for k, (_, cont) in enumerate(chunk) if cont]
+        states = dict(
+            zip(
+                with_text,
+                batched_hidden_states(target, [chunk[k][0] + chunk[k][1] for k in with_text])
+                if with_text
+                else [],
+                strict=True,
             )
-            rows[name].append(_served_row(prompt, output, row))
+        )
+        for k, (ids, cont) in enumerate(chunk):
+            for name, drafter in drafters.items():
+                loops[name].append(
+                    _teacher_forced_loop(
+                        target,
+                        drafter,
+                        ids,
+                        cont,
+                        num_steps,
+                        aux_layer_ids,
+                        position_offset,
+                        None,
+                        states.get(k),
+                    )  # fmt: skip
+                )
         del states
-    return rows
+    pending = [loop for rows in loops.values() for loop in rows if loop.pending is not None]
+    for first in range(0, len(pending), batch):
+        chunk = pending[first : first + batch]
+        preds = _batched_greedy(
+            target, [loop.pending.ids for loop in chunk], [loop.pending.start for loop in chunk]
+        )
+        for loop, found in zip(chunk, preds, strict=True):
+            loop.judge(found)
+    return {
+        name: [
+            _served_row(prompt, output, loop.row())
+            for prompt, output, loop in zip(prompts, outputs, rows, strict=True)
+        ]
+        for name, rows in loops.items()
+    }
 
 
 @torch.no_grad()

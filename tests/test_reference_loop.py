@@ -561,46 +561,100 @@ def test_teacher_forced_rows_from_served_outputs(ref_target, ref_drafter):
         ref.teacher_forced_rows(ref_target, ref_drafter, prompts[:2], outputs, num_steps=2)
 
 
-def test_shared_target_forward_gives_each_drafter_its_own_rows(
-    ref_target, ref_target_dir, monkeypatch
+@pytest.mark.parametrize("batch", [1, 2, 16])
+def test_shared_batched_target_forward_gives_each_drafter_its_own_rows(
+    ref_target, ref_target_dir, monkeypatch, batch
 ):
-    """Several drafters on one text, one target forward per prompt: the rows equal
-    teacher_forced_rows' for each drafter alone, also for a drafter whose aux ids are shifted
-    (it reads other layers of the same forward)."""
+    """Several drafters on one text, the target run once per `batch` prompts (right-padded)
+    and the past-end verifies batched too: the rows equal teacher_forced_acceptance's, one
+    prompt and drafter at a time with its own forwards, also for a drafter whose aux ids are
+    shifted (it reads other layers of the same forward), for a request that emitted nothing,
+    and for last cycles judged past the text's end."""
     trained = make_drafter(ref_target_dir)
     shifted = make_drafter(ref_target_dir, seed=1)
     shifted.config.eagle_aux_hidden_state_layer_ids = [a - 1 for a in AUX_IDS]
     blind = make_drafter(ref_target_dir)  # the GPU off-by-one test's no-features floor
     with torch.no_grad():
         blind.fc.weight.zero_()
-    prompts = [{"id": f"p{i}", "input_ids": _prompt(700 + i, 10 + i)} for i in range(3)]
+    prompts = [{"id": f"p{i}", "input_ids": _prompt(700 + i, 10 + i)} for i in range(5)]
     outputs = [
-        {"output_ids": ref.speculative_generate(ref_target, trained, p["input_ids"], 2, 9).tokens}
-        for p in prompts
+        {
+            "output_ids": ref.speculative_generate(
+                ref_target, trained, p["input_ids"], 3, 9 + i
+            ).tokens
+        }
+        for i, p in enumerate(prompts)
     ]
-    outputs.append({"output_ids": []})  # a request that emitted nothing
-    prompts.append({"id": "p3", "input_ids": _prompt(703, 8)})
-    full_lengths = {
-        len(p["input_ids"]) + len(o["output_ids"]) for p, o in zip(prompts, outputs, strict=True)
-    }
-    forwards = []  # target forwards over a whole prompt + continuation
+    outputs.insert(2, {"output_ids": []})  # a request that emitted nothing
+    prompts.insert(2, {"id": "px", "input_ids": _prompt(703, 8)})
+    forwards = []  # (batch rows, width) of each target forward over whole texts
     collect = ref.collect_hidden_states
 
     def counting(model, input_ids, **kw):
-        if model is ref_target and input_ids.shape[1] in full_lengths:
-            forwards.append(input_ids.shape[1])
+        if model is ref_target:
+            forwards.append(tuple(input_ids.shape))
         return collect(model, input_ids, **kw)
 
     monkeypatch.setattr(ref, "collect_hidden_states", counting)
     drafters = {"trained": trained, "shifted": shifted, "blind": blind}
-    shared = ref.teacher_forced_rows_shared(ref_target, drafters, prompts, outputs, num_steps=2)
-    assert len(forwards) == 3  # one per prompt with a continuation, for every drafter
+    shared = ref.teacher_forced_rows_shared(
+        ref_target, drafters, prompts, outputs, num_steps=3, batch=batch
+    )
+    assert len(forwards) == -(-5 // batch)  # the texts, `batch` at a time, for every drafter
+    assert max(rows for rows, _ in forwards) == min(batch, 5)
+    monkeypatch.setattr(ref, "collect_hidden_states", collect)
     for name, drafter in drafters.items():
-        alone = ref.teacher_forced_rows(ref_target, drafter, prompts, outputs, num_steps=2)
-        assert shared[name] == alone, name
+        for prompt, output, row in zip(prompts, outputs, shared[name], strict=True):
+            alone = ref.teacher_forced_acceptance(
+                ref_target, drafter, prompt["input_ids"], output["output_ids"], 3
+            )
+            assert row == {"id": prompt["id"], **alone}, (name, prompt["id"])
     assert shared["trained"] != shared["shifted"]  # the shift reads other states
-    with pytest.raises(ValueError, match="3 prompts but 4"):
-        ref.teacher_forced_rows_shared(ref_target, {"t": trained}, prompts[:3], outputs)
+    with pytest.raises(ValueError, match="5 prompts but 6"):
+        ref.teacher_forced_rows_shared(ref_target, {"t": trained}, prompts[:5], outputs)
+    with pytest.raises(ValueError, match="batch must be >= 1"):
+        ref.teacher_forced_rows_shared(ref_target, {"t": trained}, prompts, outputs, batch=0)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_batched_past_end_verifies_judge_as_one_at_a_time(ref_target_dir, batch):
+    """The target and the drafter always say 0, the texts are zeros with a 5 in one: every
+    last cycle that reaches past the end with its in-range drafts accepted is judged by the
+    batched verify, as by the one-at-a-time one (by hand: 6 zeros at S = 3 emit 1 + [4, 1]
+    and accept [3, 3], the last cycle 2 drafts past the end)."""
+    target0 = _zero_norm_target(ref_target_dir)
+    perfect = make_drafter(ref_target_dir, keep_zero=True)
+    with torch.no_grad():
+        perfect.norm.weight.zero_()
+    conts = [[0] * n for n in (6, 7, 8, 9, 10)] + [[0, 0, 5, 0, 0, 0]]
+    prompts = [_prompt(900 + i, 8 + i) for i in range(len(conts))]
+    outputs = [{"output_ids": c} for c in conts]
+    rows = ref.teacher_forced_rows_shared(
+        target0, {"p": perfect}, prompts, outputs, 3, batch=batch
+    )["p"]
+    alone = [
+        ref.teacher_forced_acceptance(target0, perfect, q, c, 3)
+        for q, c in zip(prompts, conts, strict=True)
+    ]
+    assert rows == alone
+    assert rows[0]["accepted"] == [3, 3] and rows[0]["emitted"] == [4, 1]
+    cut = ref.teacher_forced_acceptance(target0, perfect, prompts[0], conts[0], 3,
+                                        judge_past_end=False)  # fmt: skip
+    assert cut["accepted"] == [3, 1]  # what the judged verify added: 2 drafts past the end
+    judged = sum(r["accepted"][-1] >= r["emitted"][-1] for r in alone)
+    assert judged >= 4
+
+
+def test_batched_states_are_each_sequence_alone(ref_target):
+    seqs = [_prompt(800 + i, n) for i, n in enumerate((7, 19, 12))]
+    for (logits, hidden), seq in zip(
+        ref.batched_hidden_states(ref_target, seqs), seqs, strict=True
+    ):
+        one_logits, one_hidden = ref.collect_hidden_states(ref_target, torch.tensor([seq]))
+        assert logits.shape == one_logits.shape and len(hidden) == len(one_hidden)
+        torch.testing.assert_close(logits, one_logits, rtol=1e-5, atol=1e-5)
+        for h, one in zip(hidden, one_hidden, strict=True):
+            torch.testing.assert_close(h, one, rtol=1e-5, atol=1e-5)
 
 
 def test_aux_hidden_states_are_the_states_entering_the_layers(ref_target):
@@ -616,3 +670,21 @@ def test_aux_hidden_states_are_the_states_entering_the_layers(ref_target):
     _, aux = ref.target_forward(ref_target, ids, AUX_IDS)
     cat = torch.cat(list(ref.aux_hidden_states(ref_target, ids, AUX_IDS).values()), -1)
     torch.testing.assert_close(cat, aux, atol=0, rtol=0)
+
+
+def test_batched_states_on_an_mla_moe_target_are_each_sequence_alone():
+    """The GPU suite's reference target is DeepSeek-V3 (MLA, MoE with transformers' eager
+    expert loop, yarn rope): right-padded rows route and attend as each sequence alone."""
+    from sglang_ext_tools.fixtures.common import dsv3_cfg
+    from sglang_ext_tools.fixtures.targets import build_dsv3
+
+    torch.manual_seed(0)
+    model = build_dsv3(dsv3_cfg(3, 32, 64, 16, 2, 4, 16, 16, 8, 8, 8), 96).eval()
+    seqs = [[(7 * i + 3 * n) % 96 for i in range(n)] for n in (5, 17, 11)]
+    with torch.no_grad():
+        batched = ref.batched_hidden_states(model, seqs)
+        for (logits, hidden), seq in zip(batched, seqs, strict=True):
+            one_logits, one_hidden = ref.collect_hidden_states(model, torch.tensor([seq]))
+            torch.testing.assert_close(logits, one_logits, rtol=1e-5, atol=1e-5)
+            for h, one in zip(hidden, one_hidden, strict=True):
+                torch.testing.assert_close(h, one, rtol=1e-5, atol=1e-5)
