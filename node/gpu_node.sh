@@ -27,7 +27,9 @@
 #                                              site /tmp/site523 (its widen stages and the
 #                                              benchmark wait for one-install)
 #   bash node/gpu_node.sh ferry-recv           carry .ferry/BUNDLE/part-KK + manifest.json
-#   bash node/gpu_node.sh one-install BUNDLE   then speed-wait [SECS] as above
+#   bash node/gpu_node.sh one-install BUNDLE [LEFT_S]
+#                                              then speed-wait [SECS] as above (LEFT_S: the
+#                                              device seconds left; the suite's soak fits it)
 #
 # The seed's shape (one TP8 rank of Kimi-K2.5, trained MLA + MoE widened to hidden 7168) on
 # SGLang 0.5.23, one nvidia-h200:
@@ -453,6 +455,10 @@ one-pipeline)
     cd /tmp/repo
     train_fixtures "${FIXTURE_VARIANTS:-llama,llama3layer,random,qwen3,sglang4layer,window}" "" "" &
     while [ ! -f "$INSTALLED" ]; do sleep 2; done
+    if [ -f "$SUITE/DEADLINE" ]; then
+        SGLANG_EXT_SUITE_DEADLINE=$(cat "$SUITE/DEADLINE")
+        export SGLANG_EXT_SUITE_DEADLINE
+    fi
     rm -rf /tmp/repo-suite && cp -r /tmp/repo-latest /tmp/repo-suite && cd /tmp/repo-suite
     # 2026-12-01: install done at 305 s of device time, the suite ~1,300 s after it; the limit
     # (SIGINT: the results file is written after every test anyway) leaves ~2 min to collect.
@@ -469,7 +475,10 @@ public-on)
         timeout -s INT "${PUBLIC_LIMIT:-420}" bash node/gpu_node.sh test
     ;;
 one-install)
-    bundle=${1:?usage: gpu_node.sh one-install BUNDLE_NAME}
+    bundle=${1:?usage: gpu_node.sh one-install BUNDLE_NAME [DEVICE_SECONDS_LEFT]}
+    # The lease's device time left at this call (its budget_left_s): the soak sizes itself to
+    # it (tests/gpu/harness.py soak_seconds).
+    if [ -n "${2:-}" ]; then echo $(($(date +%s) + $2)) >"$SUITE/DEADLINE"; fi
     python3 node/ferry.py join "/tmp/ferry/$bundle/manifest.json" --parts "/tmp/ferry/$bundle" \
         --out /tmp
     rm -rf /tmp/bundle && mkdir -p /tmp/bundle /tmp/wh523 && tar -xf "/tmp/$bundle" -C /tmp/bundle

@@ -24,6 +24,7 @@ __all__ = [
     "STOCK_ENV",
     "Server",
     "start_all",
+    "soak_seconds",
     "timed_phase",
     "timed_tokens_per_s",
 ]
@@ -34,6 +35,25 @@ EXTRA_ARGS = os.environ.get("SGLANG_EXT_SERVER_ARGS", "").split()
 OUTCOMES: dict[str, str] = {}  # test id -> passed/failed/skipped, filled by conftest
 DURATIONS: dict[str, float] = {}  # test id -> seconds (setup + call), filled by conftest
 FINISHED_AT: dict[str, str] = {}  # test id -> UTC time its teardown ended, filled by conftest
+# The soak (test_soak.py) streams for the issue's three minutes unless the session's device
+# time is short: then as long as it leaves after the wrap-up (settle, teardown, results, the
+# last one-wait collecting them), never under two minutes.
+SOAK_TARGET_S, SOAK_MIN_S, SOAK_RESERVE_S = 180.0, 120.0, 75.0
+
+
+def soak_seconds(environ=os.environ, now: float | None = None) -> float:
+    """$SGLANG_EXT_SOAK_S when set; else SOAK_TARGET_S cut to $SGLANG_EXT_SUITE_DEADLINE (unix
+    seconds; node/gpu_node.sh one-install writes it from the lease's device time left) less
+    SOAK_RESERVE_S, at least SOAK_MIN_S."""
+    if environ.get("SGLANG_EXT_SOAK_S"):
+        return float(environ["SGLANG_EXT_SOAK_S"])
+    deadline = environ.get("SGLANG_EXT_SUITE_DEADLINE")
+    if not deadline:
+        return SOAK_TARGET_S
+    left = float(deadline) - (time.time() if now is None else now) - SOAK_RESERVE_S
+    return max(SOAK_MIN_S, min(SOAK_TARGET_S, round(left)))
+
+
 # "test.phase" -> seconds: where a long test's time goes (servers generating, the HF reference
 # loading, teacher-forcing, ...), the data a cut of the suite's device time needs
 PHASES: dict[str, float] = {}
