@@ -438,9 +438,15 @@ suite-on)
     export SGLANG_EXT_SITE=$2 SGLANG_EXT_PATCHED_DIR=/tmp/site_patched-$1
     export SGLANG_EXT_LOG_DIR=/tmp/sglang-ext-logs-$1 PYTHONPATH=$2
     bash node/gpu_node.sh patched "$version" >"$res/patched.log" 2>&1 || true
+    limit=${SUITE_LIMIT:-900}
+    if [ -n "${SGLANG_EXT_SUITE_DEADLINE:-}" ]; then
+        # pytest stops 45 s before the device time does (the soak ends 75 s before it)
+        limit=$((SGLANG_EXT_SUITE_DEADLINE - $(date +%s) - 45))
+        if [ "$limit" -lt 60 ]; then limit=60; fi
+    fi
     # shellcheck disable=SC2086  # pytest flags, split on purpose
     CUDA_VISIBLE_DEVICES=$3 SGLANG_EXT_PORT_BASE=$4 OUT="$res" SGLANG_EXT_MLA_FIXTURES="$MLA" \
-        timeout -s INT "${SUITE_LIMIT:-900}" bash node/gpu_node.sh test ${SUITE_PYTEST_ARGS:-}
+        timeout -s INT "$limit" bash node/gpu_node.sh test ${SUITE_PYTEST_ARGS:-}
     ;;
 one-start)
     mkdir -p "$SUITE"
@@ -457,7 +463,7 @@ one-pipeline)
     while [ ! -f "$INSTALLED" ]; do sleep 2; done
     if [ -f "$SUITE/DEADLINE" ]; then
         SGLANG_EXT_SUITE_DEADLINE=$(cat "$SUITE/DEADLINE")
-        export SGLANG_EXT_SUITE_DEADLINE
+        export SGLANG_EXT_SUITE_DEADLINE  # suite-on's limit, the soak's length
     fi
     rm -rf /tmp/repo-suite && cp -r /tmp/repo-latest /tmp/repo-suite && cd /tmp/repo-suite
     # 2026-12-01: install done at 305 s of device time, the suite ~1,300 s after it; the limit
