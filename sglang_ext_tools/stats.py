@@ -3,9 +3,10 @@ sglang_ext_tools/bench_speed.py, the GPU seed-case test and `tau_compare`)."""
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable, Sequence
 from typing import TypeVar
+
+from sglang_ext.cli.bench_report import bootstrap_interval
 
 T = TypeVar("T")
 
@@ -14,14 +15,11 @@ def bootstrap_ci(
     items: Sequence[T], statistic: Callable[[Sequence[T]], float], draws: int = 4000, seed: int = 0
 ) -> list[float] | None:
     """95 % percentile interval of ``statistic`` over ``items`` resampled with replacement
-    (None for fewer than two items)."""
+    (None for fewer than two items), rounded to 4 digits: bench_report.bootstrap_interval."""
     if len(items) < 2:
         return None
-    rng = random.Random(seed)
-    values = sorted(
-        statistic([items[rng.randrange(len(items))] for _ in items]) for _ in range(draws)
-    )
-    return [round(values[int(0.025 * draws)], 4), round(values[int(0.975 * draws) - 1], 4)]
+    lo, hi = bootstrap_interval(items, statistic, draws, seed)
+    return [round(lo, 4), round(hi, 4)]
 
 
 def bootstrap_ratio_ci(

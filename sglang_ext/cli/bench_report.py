@@ -16,7 +16,7 @@ import math
 import random
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -274,6 +274,16 @@ def compare(spec: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def bootstrap_interval(
+    items: Sequence[Any], statistic: Callable[[Sequence[Any]], float], draws: int, seed: int
+) -> tuple[float, float]:
+    """95 % percentile interval of ``statistic`` over ``items`` resampled with replacement
+    (``draws`` resamples, seeded: the same items give the same interval)."""
+    rng = random.Random(seed)
+    values = sorted(statistic([rng.choice(items) for _ in items]) for _ in range(draws))
+    return values[int(0.025 * draws)], values[int(0.975 * draws) - 1]
+
+
 def speedup_interval(
     spec: Sequence[RequestResult],
     base: Sequence[RequestResult],
@@ -298,9 +308,7 @@ def speedup_interval(
         st, sl, bt, bl = (sum(p[k] for p in picks) for k in range(4))
         return (st / sl) / (bt / bl)
 
-    rng = random.Random(seed)
-    values = sorted(ratio([rng.choice(pairs) for _ in pairs]) for _ in range(draws))
-    lo, hi = values[int(0.025 * draws)], values[int(0.975 * draws) - 1]
+    lo, hi = bootstrap_interval(pairs, ratio, draws, seed)
     return {"point": ratio(pairs), "ci95": [lo, hi], "pairs": len(pairs), "draws": draws}
 
 
