@@ -40,6 +40,15 @@ STOCK_ENV = {"SGLANG_PLUGINS": "__no_plugin__"}  # an allow-list that excludes s
 DEFAULT_SPEC = (3, 1, 4)  # speculative steps, EAGLE top-k, draft tokens
 
 
+def settle_acceptance() -> None:
+    """Wait until a plugin server's flusher has handed every finished request to the log, the
+    JSONL file and Prometheus: they trail a response by up to its interval (meta_info never
+    does); four intervals."""
+    from sglang_ext.metrics.hook import DEFAULT_FLUSH_INTERVAL_S
+
+    time.sleep(4 * DEFAULT_FLUSH_INTERVAL_S)
+
+
 def spec_flags(spec: tuple[int, int, int] = DEFAULT_SPEC) -> list[str]:
     """The ``--speculative-*`` flags of an EAGLE-3 server (draft path not included)."""
     steps, topk, draft_tokens = spec
@@ -158,12 +167,12 @@ class Server:
 
     def stop(self) -> None:
         """SIGTERM (see terminate), up to 20 s for the group to exit, then SIGKILL. A server
-        writing the plugin's acceptance JSONL first gets one second: its flusher writes the
-        last requests' records within 0.25 s, and a killed process loses them."""
+        writing the plugin's acceptance JSONL first settles (:func:`settle_acceptance`): a
+        killed process loses the records its flusher has not written yet."""
         if self.process is None or self.process.poll() is not None:
             return
         if "SGLANG_EXT_ACCEPTANCE_JSONL" in self.env:
-            time.sleep(1.0)
+            settle_acceptance()
         self.terminate()
         try:
             self.process.wait(timeout=20)

@@ -36,6 +36,7 @@ from harness import (
 )
 
 from sglang_ext_tools import lossless, tau_compare
+from sglang_ext_tools.launch import settle_acceptance  # noqa: F401 (the tests import it from here)
 
 FIXTURES = Path(os.environ.get("SGLANG_EXT_FIXTURES", "/tmp/fixtures"))
 MLA_FIXTURES = Path(os.environ.get("SGLANG_EXT_MLA_FIXTURES", "/tmp/mla"))
@@ -519,15 +520,6 @@ def mla_baseline(cluster):
         )
     prompts = load_prompts(MLA_FIXTURES)[:MLA_LOSSLESS_PROMPTS]
     return baseline(cluster["mla_nospec"], prompts, MLA_NEW_TOKENS, "mla")
-
-
-def settle_acceptance() -> None:
-    """Wait until the recorder's flusher has handed every finished request to the log, the
-    JSONL file and Prometheus (they trail a response by up to its interval; meta_info never
-    does)."""
-    from sglang_ext.metrics.hook import DEFAULT_FLUSH_INTERVAL_S
-
-    time.sleep(4 * DEFAULT_FLUSH_INTERVAL_S)
 
 
 def prometheus_value(text: str, name: str) -> float:
