@@ -125,3 +125,25 @@ def test_stop_signals_every_server_before_waiting_for_any():
     suite.stop(servers)
     assert all(s.process.poll() is not None for s in servers)
     assert time.monotonic() - start < 3  # in series: >= 4 s (each takes 1 s to exit)
+
+
+def test_the_timed_gpu_tests_run_alone_at_the_end():
+    """conftest.py orders the `alone` tests after the others (only the timed servers up):
+    every GPU test that times servers side by side carries the marker, and no helper does
+    (a decorator left above a helper inserted before its test silently took it off)."""
+    import ast
+
+    gpu = Path(__file__).resolve().parent / "gpu"
+    marked = set()
+    for path in sorted(gpu.glob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.FunctionDef):
+                continue
+            for deco in node.decorator_list:
+                if ast.unparse(deco) == "pytest.mark.alone":
+                    marked.add(node.name)
+    assert marked == {
+        "test_bench_client_against_baseline",
+        "test_metrics_overhead_at_concurrency_32",
+        "test_seed_case_stock_stalls_plugin_refuses_then_serves_faster",
+    }

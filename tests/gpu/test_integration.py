@@ -226,7 +226,6 @@ def test_fusion_guard_fails_at_startup_where_stock_crashes_on_first_request(clus
 BENCH_NEW_TOKENS = 128
 
 
-@pytest.mark.alone
 def _phase_latencies(cluster, prompts, order) -> tuple[dict[str, list[float]], list[dict]]:
     """Each server's latency per prompt, one server's prompts back to back, then the other's
     (the access pattern `sglang-ext bench` uses); and the plugin's outputs."""
@@ -242,6 +241,7 @@ def _phase_latencies(cluster, prompts, order) -> tuple[dict[str, list[float]], l
     return latency, outputs
 
 
+@pytest.mark.alone
 def test_bench_client_against_baseline(cluster, tmp_path):
     """`sglang-ext bench` against the suite's own timing of the same 16 prompts on the same
     two servers (only the timed ones up: suite.ALONE_KEEP). The suite times them with its own
