@@ -25,8 +25,13 @@ from pathlib import Path
 
 # Flags that served on the H200 node with SGLang 0.5.17 and 0.5.23; the
 # attention backend is a Server field (triton gave a cheaper EAGLE-3 cycle than flashinfer);
-# prefill CUDA graphs cost ~80 s.
+# prefill CUDA graphs cost ~80 s. --sleep-on-idle: an idle SGLang scheduler otherwise spins a
+# core at 100 % (scheduler.py:Scheduler.on_idle runs its checks in a loop unless
+# maybe_sleep_on_idle polls the sockets); the suite keeps up to 14 servers on one 16-core
+# node, and in the eighth run (2026-12-02) the CPU-bound speculative server's latency for the
+# same prompt and the same verify steps moved by up to 1.6x within seconds beside 5 idle ones.
 BASE_FLAGS = [
+    "--sleep-on-idle",
     "--sampling-backend",
     "pytorch",
     "--cuda-graph-backend-prefill",

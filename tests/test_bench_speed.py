@@ -373,6 +373,20 @@ def test_launch_server_spec_and_attention_backend():
     assert "--speculative-algorithm" not in default
 
 
+def test_launch_flags_parse_in_the_installed_sglang_and_idle_servers_sleep():
+    """Every flag the suite and bench_speed give a server is one the installed SGLang parses
+    (a renamed flag would fail each server's startup on the node), and idle servers sleep:
+    14 spinning schedulers on one 16-core node moved the timed servers' latency (launch.py)."""
+    pytest.importorskip("sglang")
+    from sglang.srt.server_args import prepare_server_args
+
+    cmd = Server("s", "m", 1, "d", max_total_tokens=4096).command()
+    args = prepare_server_args(cmd[cmd.index("--model-path") :])
+    assert args.sleep_on_idle is True
+    assert args.skip_tokenizer_init and args.disable_radix_cache
+    assert args.speculative_algorithm == "EAGLE3" and args.max_total_tokens == 4096
+
+
 def test_speed_fixture_manifest_is_summarized_per_stage():
     manifest = {
         "schema_version": 1,
