@@ -19,6 +19,7 @@ from __future__ import annotations
 import http.server
 import io
 import json
+import re
 import socket
 import sys
 import threading
@@ -526,6 +527,9 @@ class _Replay(http.server.BaseHTTPRequestHandler):
     server_info: dict = {}
     seen: list = []
     delay_s: float = 0.0  # per request, before the response: a server's "latency"
+    slowdown = staticmethod(lambda: 1.0)  # the machine's state now: multiplies delay_s
+    arrivals: list = []  # (server name, time): shared by servers to see the order
+    name = ""
 
     def log_message(self, *a):  # quiet
         pass
@@ -557,7 +561,8 @@ class _Replay(http.server.BaseHTTPRequestHandler):
             return self._send_json({"error": {"message": "bad request"}}, 400)
         rows = self.responses[key]
         resp = rows[len(type(self).seen) % len(rows)]
-        time.sleep(self.delay_s)
+        type(self).arrivals.append((self.name, time.monotonic()))
+        time.sleep(self.delay_s * self.slowdown())
         if not body.get("stream"):
             return self._send_json(resp)
         self.send_response(200)
@@ -589,11 +594,17 @@ def _stream_chunks(key, resp):
         yield {"id": resp["id"], "choices": [], "usage": resp["usage"]}
 
 
-def _serve(responses, server_info, delay_s=0.0):
+def _serve(responses, server_info, delay_s=0.0, **attrs):
     handler = type(
         "H",
         (_Replay,),
-        {"responses": responses, "server_info": server_info, "seen": [], "delay_s": delay_s},
+        {
+            "responses": responses,
+            "server_info": server_info,
+            "seen": [],
+            "delay_s": delay_s,
+            **{k: staticmethod(v) if callable(v) else v for k, v in attrs.items()},
+        },
     )
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     t = threading.Thread(target=srv.serve_forever, daemon=True)
@@ -715,6 +726,65 @@ def test_speedup_interval_at_concurrency_1_matches_the_printed_speedup(recorded,
         spec.shutdown()
         spec.server_close()
     assert rc == 0 and "speedup_interval" not in json.loads(out.read_text())["comparison"]
+
+
+def _drifting_pair(recorded, order):
+    """The speedup `sglang-ext bench` prints for a 40 ms speculative and an 80 ms baseline
+    replay on a machine that slows down 3x over the run (both servers alike, the way a
+    clock or a busy neighbour moves a node), and the order the requests arrived in."""
+    rows = [r["response"] for r in pick(recorded, "sglang-0.5.23+sglang_ext", "generate")]
+    t0, arrivals = time.monotonic(), []
+
+    def slowdown():  # 1x at the start, 3x after ~1.5 s (the run takes ~1.6 s unslowed)
+        return 1.0 + min(2.0, (time.monotonic() - t0) / 0.75)
+
+    common = {"slowdown": slowdown, "arrivals": arrivals}
+    info = {"speculative_algorithm": "EAGLE3"}
+    spec, _, url = _serve({"generate": rows}, info, 0.02, name="spec", **common)
+    base, _, burl = _serve({"generate": rows}, {}, 0.04, name="base", **common)
+    try:
+        argv = ["--url", url, "--baseline-url", burl, "--num-requests", "12", "--warmup", "0",
+                "--no-progress", "--no-stream", *(["--order", order] if order else [])]  # fmt: skip
+        assert b.main(argv) == 0
+    finally:
+        for srv in (spec, base):
+            srv.shutdown()
+            srv.server_close()
+    return [name for name, _ in sorted(arrivals, key=lambda a: a[1])]
+
+
+def test_paired_order_cancels_a_drifting_machine(recorded, capsys):
+    """At concurrency 1 the bench alternates the servers prompt by prompt (ABBA); a machine
+    that slows down over the run then moves both requests of a pair alike and the printed
+    speedup stays at the servers' true 2x, where the phases order (every speculative request,
+    then every baseline one) credits the drift to the speculative server. The eighth GPU run's
+    bench timed the plugin 20 % slower than the suite's timing minutes around it."""
+    paired = _drifting_pair(recorded, None)
+    text = capsys.readouterr().out
+    assert "order=paired" in text
+    assert paired == ["spec", "base", "base", "spec"] * 6
+    speedup = float(re.search(r"SPEEDUP \(tok/s\) ([0-9.]+)x", text).group(1))
+    assert speedup == pytest.approx(2.0, rel=0.1), text  # ~1.93x: HTTP adds to both sides
+    phases = _drifting_pair(recorded, "phases")
+    text = capsys.readouterr().out
+    assert phases == ["spec"] * 12 + ["base"] * 12 and "order=phases" in text
+    # ~3.0x here: the drift lands on the baseline's phase (and at least 20 % off, anywhere)
+    assert float(re.search(r"SPEEDUP \(tok/s\) ([0-9.]+)x", text).group(1)) > 2.4, text
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--order", "paired"], "--order paired needs --baseline-url"),
+        (
+            ["--order", "paired", "--baseline-url", "http://127.0.0.1:9", "--concurrency", "4"],
+            "--order paired runs one request at a time; got --concurrency 4",
+        ),
+    ],
+)
+def test_order_errors_name_the_flag(argv, message, capsys):
+    assert b.main(["--url", "http://127.0.0.1:9", *argv]) == 2
+    assert message in capsys.readouterr().err
 
 
 def test_client_io_failures_and_min_accept_length(stub_servers, tmp_path, capsys):

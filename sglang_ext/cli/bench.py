@@ -363,8 +363,9 @@ class Progress:
             self._tqdm.close()
 
 
-async def _run(spec, prompts, concurrency, warmup, progress, desc, npos):
-    serving = _sglang_serving(spec)
+@contextlib.contextmanager
+def _tee_sessions(serving):
+    """SGLang's client sessions, each wrapped in a _TeeSession while a request runs."""
     make_session = serving._create_bench_client_session
 
     def session():  # the running request's capture, else SGLang's own session
@@ -373,6 +374,14 @@ async def _run(spec, prompts, concurrency, warmup, progress, desc, npos):
 
     serving._create_bench_client_session = session
     try:
+        yield
+    finally:
+        serving._create_bench_client_session = make_session
+
+
+async def _run(spec, prompts, concurrency, warmup, progress, desc, npos):
+    serving = _sglang_serving(spec)
+    with _tee_sessions(serving):
         for k in range(warmup):
             await _request(serving, spec, prompts[k % len(prompts)], -1 - k, npos)
         bar, limit = Progress(len(prompts), desc, enabled=progress), asyncio.Semaphore(concurrency)
@@ -389,8 +398,38 @@ async def _run(spec, prompts, concurrency, warmup, progress, desc, npos):
         wall = time.perf_counter() - t0
         bar.close()
         return list(results), wall
-    finally:
-        serving._create_bench_client_session = make_session
+
+
+def busy_seconds(results: Sequence[RequestResult]) -> float | None:
+    """The seconds a server spent answering: the sum of its requests' latencies (in paired
+    order the other server's requests fill the gaps between them)."""
+    lat = [r.latency_s for r in results if r.ok and r.latency_s is not None]
+    return sum(lat) if lat else None
+
+
+async def _run_paired(spec, bspec, prompts, warmup, progress, npos):
+    """Both servers, one request at a time, prompt by prompt: k even sends the prompt to the
+    speculative server first, k odd to the baseline first (ABBA), so each pair's two
+    requests run back to back and a machine that drifts over the run (clocks, neighbours)
+    moves both sides of a pair alike."""
+    serving = _sglang_serving(spec)
+    with _tee_sessions(serving):
+        for k in range(warmup):
+            prompt = prompts[k % len(prompts)]
+            await _request(serving, spec, prompt, -1 - k, npos)
+            await _request(serving, bspec, prompt, -1 - k, None)
+        bar = Progress(2 * len(prompts), "paired", enabled=progress)
+        results: list[RequestResult] = []
+        base_results: list[RequestResult] = []
+        sides = ((spec, npos, results), (bspec, None, base_results))
+        for k, prompt in enumerate(prompts):
+            for side_spec, side_npos, sink in sides if k % 2 == 0 else sides[::-1]:
+                r = await _request(serving, side_spec, prompt, k, side_npos)
+                sink.append(r)
+                al = r.acceptance.accept_length if r.ok else None
+                bar.update("" if al is None else f"acc_len={al:.2f}")
+        bar.close()
+        return results, base_results
 
 
 def run_benchmark(
@@ -406,6 +445,21 @@ def run_benchmark(
     Returns (results in prompt order, wall seconds of the timed part)."""
     coro = _run(spec, prompts, max(1, concurrency), warmup, progress, desc, num_positions)
     with contextlib.redirect_stdout(sys.stderr):  # SGLang prints failed requests' tracebacks
+        return asyncio.run(coro)
+
+
+def run_paired_benchmark(
+    spec: RequestSpec,
+    baseline: RequestSpec,
+    prompts: Sequence[Prompt],
+    warmup: int = 0,
+    progress: bool = True,
+    num_positions: int | None = None,
+) -> tuple[list[RequestResult], list[RequestResult]]:
+    """Concurrency 1 against both servers in paired order (``_run_paired``); warm-up: each
+    server ``warmup`` requests, discarded. Returns both servers' results in prompt order."""
+    coro = _run_paired(spec, baseline, prompts, warmup, progress, num_positions)
+    with contextlib.redirect_stdout(sys.stderr):
         return asyncio.run(coro)
 
 
@@ -483,12 +537,34 @@ def build_parser() -> argparse.ArgumentParser:
     add("--timeout", type=float, default=600.0, help="per-request timeout, seconds")
     add("--baseline-url", type=server_url,
         help="no-speculation server to run the same prompts against")  # fmt: skip
+    add("--order", choices=ORDERS, default=None,
+        help="with --baseline-url: 'paired' alternates the servers prompt by prompt (the "
+        "default at concurrency 1), 'phases' runs every prompt on one server, then on the "
+        "other (the only order at concurrency > 1)")  # fmt: skip
     add("--out", metavar="REPORT.json", help="write a JSON report")
     add("--plot", metavar="FILE.png", help="acceptance per position + accept-length histogram")
     add("--per-request", action="store_true", help="print a per-request table")
     add("--no-progress", dest="progress", action="store_false", help="no progress display")
     add("--min-accept-length", type=float, help="exit 1 if the exact accept length is below")
     return p
+
+
+ORDERS = ("paired", "phases")
+
+
+def resolve_order(order: str | None, concurrency: int, baseline_url: str | None) -> str | None:
+    """The request order of a run with a baseline (None without one): ``paired`` by default
+    at concurrency 1, ``phases`` above it (pairs of one request each exist only at 1)."""
+    if baseline_url is None:
+        if order is not None:
+            raise BenchError(f"--order {order} needs --baseline-url")
+        return None
+    if order == "paired" and concurrency > 1:
+        raise BenchError(
+            f"--order paired runs one request at a time; got --concurrency {concurrency} "
+            "(use --order phases, or --concurrency 1)"
+        )
+    return order or ("paired" if concurrency == 1 else "phases")
 
 
 def _num_positions(server: Mapping[str, Any] | None) -> int | None:
@@ -506,6 +582,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             error = exit_codes.UsageError("--plot needs matplotlib (pip install matplotlib)")
             return exit_codes.fail("bench", error)
     try:
+        order = resolve_order(args.order, args.concurrency, args.baseline_url)
         prompts, source = load_prompts(args.prompts)
         prompts = select_prompts(prompts, args.num_requests)
         probe_timeout = min(args.timeout, 30.0)
@@ -526,13 +603,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         timeout=args.timeout,
     )
     run = (args.concurrency, args.warmup, args.progress)
-    results, wall = run_benchmark(spec, prompts, *run, "speculative", _num_positions(server))
+    bspec = RequestSpec(**{**asdict(spec), "url": args.baseline_url})
+    if order == "paired":
+        results, base_results = run_paired_benchmark(
+            spec, bspec, prompts, args.warmup, args.progress, _num_positions(server)
+        )
+        wall, bwall = busy_seconds(results), busy_seconds(base_results)
+    else:
+        results, wall = run_benchmark(spec, prompts, *run, "speculative", _num_positions(server))
     summary = summarize(results, wall)
     warnings = acceptance_warnings(summary, args.api)
     baseline = comparison = None
     if args.baseline_url:
-        bspec = RequestSpec(**{**asdict(spec), "url": args.baseline_url})
-        base_results, bwall = run_benchmark(bspec, prompts, *run, "baseline")
+        if order == "phases":
+            base_results, bwall = run_benchmark(bspec, prompts, *run, "baseline")
         bsum = summarize(base_results, bwall)
         comparison = compare(summary, bsum)
         comparison["outputs"] = output_agreement(results, base_results)
@@ -546,6 +630,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"server {args.url}  api={args.api}  prompts={source}  n={len(prompts)}  "
         f"concurrency={args.concurrency}  max_new_tokens={args.max_new_tokens}  "
+        f"{f'order={order}  ' if order else ''}"
         f"spec={s('speculative_algorithm')} steps={s('speculative_num_steps')} "
         f"topk={s('speculative_eagle_topk')} draft_tokens={s('speculative_num_draft_tokens')}",
         file=out,
@@ -564,7 +649,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if warnings:
         print(banner(warnings), file=out)
     config = {k: v for k, v in vars(args).items() if k != "progress"}
-    config |= {"prompt_source": source, "num_prompts": len(prompts)}
+    config |= {"prompt_source": source, "num_prompts": len(prompts), "order": order}
     if args.out:
         report = build_report(
             config=config,
