@@ -227,6 +227,38 @@ class Server:
             payload.update(return_logprob=True, top_logprobs_num=top_logprobs)
         return self.post("/generate", payload)
 
+    def generate_streamed(self, input_ids: list[int], max_new_tokens: int) -> dict:
+        """``generate`` as a streamed request, the kind `sglang-ext bench` sends by default:
+        the server sends one server-sent event per scheduler output; returns the last one
+        (the whole request's output_ids and meta_info)."""
+        payload = {
+            "input_ids": input_ids,
+            "sampling_params": {
+                "temperature": 0.0,
+                "max_new_tokens": max_new_tokens,
+                "ignore_eos": True,
+            },
+            "stream": True,
+        }
+        request = urllib.request.Request(
+            self.url + "/generate",
+            data=json.dumps(payload).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        last = None
+        with urllib.request.urlopen(request, timeout=300) as resp:
+            for raw in resp:
+                line = raw.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[len(b"data:") :].strip()
+                if data == b"[DONE]":
+                    break
+                last = json.loads(data)
+        if last is None:
+            raise RuntimeError(f"{self.name}: a streamed /generate sent no event")
+        return last
+
     def generate_many(
         self,
         prompts: list[list[int]],

@@ -228,14 +228,14 @@ BENCH_NEW_TOKENS = 128
 
 def _paired_latencies(cluster, prompts, first) -> tuple[dict[str, list[float]], list[dict]]:
     """Each server's latency per prompt in the bench's paired order (the servers alternate
-    prompt by prompt, ABBA: ``first`` opens prompt 0, the other prompt 1, ...); and the
-    plugin's outputs."""
+    prompt by prompt, ABBA: ``first`` opens prompt 0, the other prompt 1, ...), each request
+    streamed as the bench streams it; and the plugin's outputs (the last event of each)."""
     other = "nospec" if first == "plugin" else "plugin"
     latency, outputs = {"plugin": [], "nospec": []}, []
     for k, ids in enumerate(prompts):
         for name in (first, other) if k % 2 == 0 else (other, first):
             start = time.perf_counter()
-            out = cluster[name].generate(ids, BENCH_NEW_TOKENS)
+            out = cluster[name].generate_streamed(ids, BENCH_NEW_TOKENS)
             latency[name].append(time.perf_counter() - start)
             if name == "plugin":
                 outputs.append(out)
@@ -248,7 +248,8 @@ def test_bench_client_against_baseline(cluster, tmp_path):
     two servers (only the timed ones up: suite.ALONE_KEEP; idle servers sleep,
     launch.BASE_FLAGS). The bench alternates the servers prompt by prompt at concurrency 1
     (--order paired, its default); the suite times them with its own client in the same
-    order, once before the bench and once after it starting from the other server.
+    order and streamed like the bench's requests, once before the bench and once after it
+    starting from the other server.
     Checked: every request of the bench ran its 128 tokens; the speedup the bench prints is
     the one its own per-request timings give (within 3 %; in paired order each server's time
     is the sum of its latencies) and comes with its interval; the bench's speedup over the

@@ -1,0 +1,64 @@
+"""sglang_ext_tools.launch's request helpers against a local stdlib HTTP server that speaks
+the shape of SGLang's streamed /generate (server-sent events, `data: [DONE]` last). Client
+plumbing only; the GPU suite runs them against real servers."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+
+import pytest
+
+from sglang_ext_tools.launch import Server
+
+
+class _Streamer(http.server.BaseHTTPRequestHandler):
+    bodies: list = []
+
+    def log_message(self, *a):
+        pass
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).bodies.append(body)
+        n = body["sampling_params"]["max_new_tokens"]
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        if body["input_ids"] == [0]:  # a stream that ends without an event
+            self.wfile.write(b"data: [DONE]\n\n")
+            return
+        ids = []
+        for step in range(0, n, 2):  # two tokens per event, like an accepted draft
+            ids += [step, step + 1][: n - step]
+            event = {"output_ids": list(ids), "meta_info": {"completion_tokens": len(ids)}}
+            self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+            self.wfile.flush()
+        self.wfile.write(b"data: [DONE]\n\n")
+
+
+@pytest.fixture
+def streamer():
+    handler = type("H", (_Streamer,), {"bodies": []})
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield Server("s", "m", srv.server_address[1]), handler
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_generate_streamed_returns_the_last_event_and_asks_for_a_stream(streamer):
+    server, handler = streamer
+    out = server.generate_streamed([5, 6, 7], 7)
+    assert out["output_ids"] == [0, 1, 2, 3, 4, 5, 6]
+    assert out["meta_info"]["completion_tokens"] == 7
+    (body,) = handler.bodies
+    assert body["stream"] is True and body["input_ids"] == [5, 6, 7]
+    assert body["sampling_params"] == {"temperature": 0.0, "max_new_tokens": 7, "ignore_eos": True}
+
+
+def test_generate_streamed_without_an_event_names_the_server(streamer):
+    server, _ = streamer
+    with pytest.raises(RuntimeError, match="s: a streamed /generate sent no event"):
+        server.generate_streamed([0], 4)
