@@ -23,6 +23,7 @@ __all__ = [
     "SPEC_FLAGS",
     "STOCK_ENV",
     "Server",
+    "busy_cores",
     "start_all",
     "soak_seconds",
     "timed_phase",
@@ -66,6 +67,42 @@ def timed_phase(name: str):
         yield
     finally:
         PHASES[name] = round(PHASES.get(name, 0.0) + time.perf_counter() - start, 1)
+
+
+def _cpu_jiffies(stat_text: str) -> tuple[int, int, int]:
+    """(busy, total) jiffies of all CPUs from /proc/stat's first line (busy: all but idle
+    and iowait), and the number of CPUs it sums (its ``cpuN`` lines)."""
+    lines = stat_text.splitlines()
+    fields = [int(x) for x in lines[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    cpus = sum(1 for line in lines[1:] if line.startswith("cpu") and line[3:4].isdigit())
+    return sum(fields) - idle, sum(fields), cpus
+
+
+@contextlib.contextmanager
+def busy_cores(record: dict, key: str, stat_path: str = "/proc/stat"):
+    """``record[key]``: how many of the node's cores were busy, on average, while the block
+    ran (the whole node, every process; None where /proc/stat is unreadable). A timed test
+    records it to show what ran beside it: an idle SGLang server without --sleep-on-idle
+    keeps one core busy."""
+
+    def read():
+        try:
+            with open(stat_path) as handle:
+                return _cpu_jiffies(handle.read())
+        except (OSError, ValueError, IndexError):
+            return None
+
+    first = read()
+    try:
+        yield
+    finally:
+        last = read()
+        if first is None or last is None or last[1] <= first[1]:
+            record[key] = None
+        else:
+            share = (last[0] - first[0]) / (last[1] - first[1])
+            record[key] = round(share * (last[2] or os.cpu_count() or 1), 2)
 
 
 # test id -> the end of its failure report (assertion and values), filled by conftest: a run

@@ -18,7 +18,7 @@ import time
 import urllib.error
 
 import pytest
-from harness import timed_tokens_per_s
+from harness import busy_cores, timed_tokens_per_s
 from suite import (
     ALARM_JSONL,
     ALONE_KEEP,
@@ -265,7 +265,9 @@ def test_bench_client_against_baseline(cluster, tmp_path):
 
     running = cluster.only(ALONE_KEEP)
     prompts = [p["input_ids"] for p in load_prompts()[:16]]
-    before, served = _paired_latencies(cluster, prompts, "plugin")
+    cores: dict = {}  # the node's busy cores during each pass: what ran beside the timing
+    with busy_cores(cores, "suite_before"):
+        before, served = _paired_latencies(cluster, prompts, "plugin")
     out = tmp_path / "bench.json"
     cmd = [
         sys.executable,
@@ -288,9 +290,11 @@ def test_bench_client_against_baseline(cluster, tmp_path):
         "--out",
         str(out),
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    with busy_cores(cores, "bench"):
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     (LOG_DIR / "bench-stdout.txt").write_text(proc.stdout + "\n" + proc.stderr)
-    after, _ = _paired_latencies(cluster, prompts, "nospec")
+    with busy_cores(cores, "suite_after"):
+        after, _ = _paired_latencies(cluster, prompts, "nospec")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(out.read_text())
     RESULTS["bench"] = {
@@ -342,6 +346,11 @@ def test_bench_client_against_baseline(cluster, tmp_path):
                 for s, b in zip(after["plugin"], after["nospec"], strict=True)
             ],
         },
+        suite_pass_speedups={
+            name: round(sum(lat["nospec"]) / sum(lat["plugin"]), 4)
+            for name, lat in (("before", before), ("after", after))
+        },
+        busy_cores=cores,
         bench_tau=round(bench_tau, 4),
         suite_tau=round(suite_tau, 4),
         servers_running=running,
