@@ -19,6 +19,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,6 +68,18 @@ def spec_flags(spec: tuple[int, int, int] = DEFAULT_SPEC) -> list[str]:
         "--speculative-num-draft-tokens",
         str(draft_tokens),
     ]
+
+
+def greedy_payload(input_ids: list[int], max_new_tokens: int) -> dict:
+    """A /generate body: greedy, EOS ignored, exactly ``max_new_tokens`` tokens."""
+    return {
+        "input_ids": input_ids,
+        "sampling_params": {
+            "temperature": 0.0,
+            "max_new_tokens": max_new_tokens,
+            "ignore_eos": True,
+        },
+    }
 
 
 @dataclass
@@ -203,58 +216,46 @@ class Server:
 
     # -- requests ----------------------------------------------------------------------
 
-    def post(self, path: str, payload: dict, timeout: float = 300) -> dict:
-        request = urllib.request.Request(
+    def _request(self, path: str, payload: dict) -> urllib.request.Request:
+        return urllib.request.Request(
             self.url + path,
             data=json.dumps(payload).encode(),
             headers={"Content-Type": "application/json"},
         )
-        with urllib.request.urlopen(request, timeout=timeout) as resp:
+
+    def post(self, path: str, payload: dict, timeout: float = 300) -> dict:
+        with urllib.request.urlopen(self._request(path, payload), timeout=timeout) as resp:
             return json.loads(resp.read())
 
-    def generate(self, input_ids: list[int], max_new_tokens: int, top_logprobs: int = 0) -> dict:
-        """Greedy, EOS ignored; ``top_logprobs`` > 0 adds each output position's top-k
-        logprobs (``meta_info.output_top_logprobs``), which the lossless rule reads."""
-        payload = {
-            "input_ids": input_ids,
-            "sampling_params": {
-                "temperature": 0.0,
-                "max_new_tokens": max_new_tokens,
-                "ignore_eos": True,
-            },
-        }
-        if top_logprobs:
-            payload.update(return_logprob=True, top_logprobs_num=top_logprobs)
-        return self.post("/generate", payload)
-
-    def generate_streamed(self, input_ids: list[int], max_new_tokens: int) -> dict:
-        """``generate`` as a streamed request, the kind `sglang-ext bench` sends by default:
-        the server sends one server-sent event per scheduler output; returns the last one
-        (the whole request's output_ids and meta_info)."""
-        payload = {
-            "input_ids": input_ids,
-            "sampling_params": {
-                "temperature": 0.0,
-                "max_new_tokens": max_new_tokens,
-                "ignore_eos": True,
-            },
-            "stream": True,
-        }
-        request = urllib.request.Request(
-            self.url + "/generate",
-            data=json.dumps(payload).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        last = None
-        with urllib.request.urlopen(request, timeout=300) as resp:
+    def stream_events(self, payload: dict, timeout: float = 300) -> Iterator[dict]:
+        """POST ``payload`` to /generate with ``stream`` on and yield each server-sent event
+        (one per scheduler output) until ``[DONE]``. Closing the iterator early closes the
+        connection: the client's disconnect, which SGLang turns into an abort."""
+        request = self._request("/generate", {**payload, "stream": True})
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
             for raw in resp:
                 line = raw.strip()
                 if not line.startswith(b"data:"):
                     continue
                 data = line[len(b"data:") :].strip()
                 if data == b"[DONE]":
-                    break
-                last = json.loads(data)
+                    return
+                yield json.loads(data)
+
+    def generate(self, input_ids: list[int], max_new_tokens: int, top_logprobs: int = 0) -> dict:
+        """Greedy, EOS ignored; ``top_logprobs`` > 0 adds each output position's top-k
+        logprobs (``meta_info.output_top_logprobs``), which the lossless rule reads."""
+        payload = greedy_payload(input_ids, max_new_tokens)
+        if top_logprobs:
+            payload.update(return_logprob=True, top_logprobs_num=top_logprobs)
+        return self.post("/generate", payload)
+
+    def generate_streamed(self, input_ids: list[int], max_new_tokens: int) -> dict:
+        """``generate`` as a streamed request, the kind `sglang-ext bench` sends by default;
+        returns the last event (the whole request's output_ids and meta_info)."""
+        last = None
+        for last in self.stream_events(greedy_payload(input_ids, max_new_tokens)):  # noqa: B007
+            pass
         if last is None:
             raise RuntimeError(f"{self.name}: a streamed /generate sent no event")
         return last

@@ -4,13 +4,14 @@ plumbing only; the GPU suite runs them against real servers."""
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import threading
 
 import pytest
 
-from sglang_ext_tools.launch import Server
+from sglang_ext_tools.launch import Server, greedy_payload
 
 
 class _Streamer(http.server.BaseHTTPRequestHandler):
@@ -62,3 +63,16 @@ def test_generate_streamed_without_an_event_names_the_server(streamer):
     server, _ = streamer
     with pytest.raises(RuntimeError, match="s: a streamed /generate sent no event"):
         server.generate_streamed([0], 4)
+
+
+def test_stream_events_yields_each_event_and_stops_when_closed(streamer):
+    server, handler = streamer
+    events = server.stream_events({"rid": "r1", "input_ids": [5], "sampling_params": {
+        "max_new_tokens": 6}})  # fmt: skip
+    assert [len(e["output_ids"]) for e in events] == [2, 4, 6]
+    assert handler.bodies[-1]["rid"] == "r1" and handler.bodies[-1]["stream"] is True
+    with contextlib.closing(server.stream_events(greedy_payload([5], 6))) as events:
+        first = next(events)
+    assert first["output_ids"] == [0, 1]
+    with pytest.raises(StopIteration):
+        next(events)  # closed: the connection is gone, nothing more is read

@@ -7,15 +7,17 @@ conftest.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import threading
 import time
-import urllib.request
 
 import pytest
 from harness import soak_seconds
 from suite import JSONL, RESULTS, load_prompts, prometheus_value, settle_acceptance
+
+from sglang_ext_tools.launch import greedy_payload
 
 # 2026-12-01: 180 s ran 4,750 requests and the whole suite ended 8 s inside its limit; 120 s
 # from then until 2026-12-02; now three minutes where the device time allows
@@ -25,29 +27,12 @@ MEMORY_SLACK_MIB = 256  # allocator rounding; a leak grows with the request coun
 
 
 def stream(server, rid: str, ids: list[int], max_new_tokens: int, abort_after: int | None):
-    payload = {
-        "rid": rid,
-        "input_ids": ids,
-        "stream": True,
-        "sampling_params": {
-            "temperature": 0.0,
-            "max_new_tokens": max_new_tokens,
-            "ignore_eos": True,
-        },
-    }
-    request = urllib.request.Request(
-        server.url + "/generate",
-        data=json.dumps(payload).encode(),
-        headers={"Content-Type": "application/json"},
-    )
     chunks, last = 0, None
-    with urllib.request.urlopen(request, timeout=300) as resp:
-        for line in resp:
-            line = line.strip()
-            if not line.startswith(b"data:") or line == b"data: [DONE]":
-                continue
+    with contextlib.closing(
+        server.stream_events({"rid": rid, **greedy_payload(ids, max_new_tokens)})
+    ) as events:
+        for last in events:  # noqa: B007 - the last event is read after the loop
             chunks += 1
-            last = json.loads(line[5:])
             if abort_after is not None and chunks >= abort_after:
                 return {"rid": rid, "aborted": True, "chunks": chunks}
     return {
