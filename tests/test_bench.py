@@ -761,13 +761,14 @@ def test_paired_order_cancels_a_drifting_machine(recorded, capsys):
     bench timed the plugin 20 % slower than the suite's timing minutes around it."""
     paired = _drifting_pair(recorded, None)
     text = capsys.readouterr().out
-    assert "order=paired" in text
+    assert "order=paired" in text and "output tok/s (total / busy)" in text
     assert paired == ["spec", "base", "base", "spec"] * 6
     speedup = float(re.search(r"SPEEDUP \(tok/s\) ([0-9.]+)x", text).group(1))
     assert speedup == pytest.approx(2.0, rel=0.1), text  # ~1.93x: HTTP adds to both sides
     phases = _drifting_pair(recorded, "phases")
     text = capsys.readouterr().out
     assert phases == ["spec"] * 12 + ["base"] * 12 and "order=phases" in text
+    assert "output tok/s (total / wall)" in text
     # ~3.0x here: the drift lands on the baseline's phase (and at least 20 % off, anywhere)
     assert float(re.search(r"SPEEDUP \(tok/s\) ([0-9.]+)x", text).group(1)) > 2.4, text
 

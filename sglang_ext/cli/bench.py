@@ -611,13 +611,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         wall, bwall = busy_seconds(results), busy_seconds(base_results)
     else:
         results, wall = run_benchmark(spec, prompts, *run, "speculative", _num_positions(server))
-    summary = summarize(results, wall)
+    basis = "busy" if order == "paired" else "wall"
+    summary = summarize(results, wall, basis)
     warnings = acceptance_warnings(summary, args.api)
     baseline = comparison = None
     if args.baseline_url:
         if order == "phases":
             base_results, bwall = run_benchmark(bspec, prompts, *run, "baseline")
-        bsum = summarize(base_results, bwall)
+        bsum = summarize(base_results, bwall, basis)
         comparison = compare(summary, bsum)
         comparison["outputs"] = output_agreement(results, base_results)
         # Paired by prompt, the speedup's interval holds at concurrency 1 only (there the

@@ -191,9 +191,13 @@ def accept_length_histogram(values: Sequence[float]) -> list[dict[str, Any]]:
     return [{"lo": lo, "hi": hi, "count": c} for lo, hi, c in zip(edges, his, counts, strict=True)]
 
 
-def summarize(results: Sequence[RequestResult], wall_s: float | None) -> dict[str, Any]:
+def summarize(
+    results: Sequence[RequestResult], wall_s: float | None, time_basis: str = "wall"
+) -> dict[str, Any]:
     """Aggregate figures of one run. Pooled acceptance = sums of counts, then ratios (the
-    way SGLang's scheduler aggregates); the per-request mean is reported too."""
+    way SGLang's scheduler aggregates); the per-request mean is reported too. ``wall_s`` is
+    the run's wall time (``time_basis`` "wall"), or in paired order the sum of this
+    server's latencies ("busy": the other server's requests ran in between)."""
     ok = [r for r in results if r.ok]
     toks = sum(r.completion_tokens or 0 for r in ok)
     lat = [r.latency_s for r in ok if r.latency_s is not None]
@@ -224,6 +228,7 @@ def summarize(results: Sequence[RequestResult], wall_s: float | None) -> dict[st
         "num_failed": len(results) - len(ok),
         "completion_tokens_total": toks,
         "wall_s": wall_s,
+        "time_basis": time_basis,
         "output_tok_per_s": (toks / wall_s) if wall_s else None,
         "mean_request_tok_per_s": _mean([r.tok_per_s for r in ok if r.tok_per_s is not None]),
         "latency_s": {"mean": _mean(lat), **{f"p{q}": _pct(lat, q / 100) for q in (50, 90, 99)}},
@@ -377,7 +382,10 @@ def format_summary(summary: Mapping[str, Any], title: str = "speculative") -> st
     rows = [
         ("requests ok / failed", f"{summary['num_ok']} / {summary['num_failed']}"),
         ("completion tokens", str(summary["completion_tokens_total"])),
-        ("output tok/s (total / wall)", _f(summary["output_tok_per_s"], "{:.1f}")),
+        (
+            f"output tok/s (total / {summary.get('time_basis', 'wall')})",
+            _f(summary["output_tok_per_s"], "{:.1f}"),
+        ),
         ("mean per-request tok/s", _f(summary["mean_request_tok_per_s"], "{:.1f}")),
         (
             "latency s mean / p50 / p99",
