@@ -363,6 +363,12 @@ class Progress:
             self._tqdm.close()
 
 
+def _acceptance_note(r: RequestResult) -> str:
+    """The progress bar's note for a finished request: its accept length, if any."""
+    al = r.acceptance.accept_length if r.ok else None
+    return "" if al is None else f"acc_len={al:.2f}"
+
+
 @contextlib.contextmanager
 def _tee_sessions(serving):
     """SGLang's client sessions, each wrapped in a _TeeSession while a request runs."""
@@ -389,8 +395,7 @@ async def _run(spec, prompts, concurrency, warmup, progress, desc, npos):
         async def one(k: int, prompt: Prompt) -> RequestResult:
             async with limit:
                 r = await _request(serving, spec, prompt, k, npos)
-            al = r.acceptance.accept_length if r.ok else None
-            bar.update("" if al is None else f"acc_len={al:.2f}")
+            bar.update(_acceptance_note(r))
             return r
 
         t0 = time.perf_counter()
@@ -426,8 +431,7 @@ async def _run_paired(spec, bspec, prompts, warmup, progress, npos):
             for side_spec, side_npos, sink in sides if k % 2 == 0 else sides[::-1]:
                 r = await _request(serving, side_spec, prompt, k, side_npos)
                 sink.append(r)
-                al = r.acceptance.accept_length if r.ok else None
-                bar.update("" if al is None else f"acc_len={al:.2f}")
+                bar.update(_acceptance_note(r))
         bar.close()
         return results, base_results
 
@@ -603,7 +607,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         timeout=args.timeout,
     )
     run = (args.concurrency, args.warmup, args.progress)
-    bspec = RequestSpec(**{**asdict(spec), "url": args.baseline_url})
+    bspec = RequestSpec(**{**asdict(spec), "url": args.baseline_url}) if args.baseline_url else None
     if order == "paired":
         results, base_results = run_paired_benchmark(
             spec, bspec, prompts, args.warmup, args.progress, _num_positions(server)
@@ -611,13 +615,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         wall, bwall = busy_seconds(results), busy_seconds(base_results)
     else:
         results, wall = run_benchmark(spec, prompts, *run, "speculative", _num_positions(server))
+        if bspec is not None:
+            base_results, bwall = run_benchmark(bspec, prompts, *run, "baseline")
     basis = "busy" if order == "paired" else "wall"
     summary = summarize(results, wall, basis)
     warnings = acceptance_warnings(summary, args.api)
     baseline = comparison = None
-    if args.baseline_url:
-        if order == "phases":
-            base_results, bwall = run_benchmark(bspec, prompts, *run, "baseline")
+    if bspec is not None:
         bsum = summarize(base_results, bwall, basis)
         comparison = compare(summary, bsum)
         comparison["outputs"] = output_agreement(results, base_results)
