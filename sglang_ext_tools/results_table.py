@@ -50,7 +50,7 @@ def _lossless_rows(data: dict) -> list[str]:
             counts = (
                 f"; above the tolerance {r['tokens_above_tolerance']} (chance allows "
                 f"{r['tokens_above_tolerance_allowed']}), at the clear margin "
-                f"{r['clear_margin']:g} {r['tokens_at_clear_margin']}"
+                f"(>= {r['clear_margin']:g}) {r['tokens_at_clear_margin']}"
             )
         if r.get("ladder"):  # the exceedance ladder below the tolerance
             over = r.get("ladder_over") or []
@@ -232,12 +232,12 @@ def render(data: dict, source: str) -> str:
         *_tau_rows(data),
         *_other_rows(data),
     ]
-    failed = sorted(k for k, v in outcomes.items() if v == "failed")
-    if failed:
-        lines += ["", "Failed: " + ", ".join(f"`{k}`" for k in failed) + "."]
-    not_run = sorted(k for k, v in outcomes.items() if v == NOT_RUN)
-    if not_run:
-        lines += ["", "Not run: " + ", ".join(f"`{k}`" for k in not_run) + "."]
+    # each test that did not pass, by name: a skip is named too, so "TP=2 skipped, nothing
+    # else" can be read off the block
+    for kind, label in (("failed", "Failed"), ("skipped", "Skipped"), (NOT_RUN, "Not run")):
+        names = sorted(k for k, v in outcomes.items() if v == kind)
+        if names:
+            lines += ["", f"{label}: " + ", ".join(f"`{k}`" for k in names) + "."]
     return "\n".join([*lines, END])
 
 

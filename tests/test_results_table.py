@@ -27,7 +27,12 @@ def synthetic() -> dict:
         "date": "2026-12-01T12:00:00+00:00",
         "gpu": {"name": "NVIDIA H200", "uuid": "GPU-x"},
         "sglang_version": "0.5.23",
-        "outcomes": {"test_a": "passed", "test_b": "failed", "test_c": "not run"},
+        "outcomes": {
+            "test_a": "passed",
+            "test_b": "failed",
+            "test_c": "not run",
+            "test_d": "skipped",
+        },
         "lossless": {"plugin": lossless, "mla_chain": {**lossless, "pass": False}},
         "lossless_tolerance": {"llama": {"tolerance_from_tokens": 16384}},
         "tau_equivalence": {"llama": {**tau, "band": [0.95, 1.05], "pass": True}},
@@ -38,8 +43,8 @@ def test_render_states_each_verdict_and_the_failures():
     block = results_table.render(synthetic(), "r.json")
     assert block.startswith(results_table.BEGIN) and block.endswith(results_table.END)
     assert "From `r.json`" in block
-    assert "1 passed, 1 failed, 0 skipped, 1 not run (the session ended first)" in block
-    assert "Not run: `test_c`." in block
+    assert "1 passed, 1 failed, 1 skipped, 1 not run (the session ended first)" in block
+    assert "Not run: `test_c`." in block and "Skipped: `test_d`." in block
     assert "lossless `plugin`" in block and "**FAIL**" in block
     assert "ratio 1.0100, 95 % CI [0.990, 1.030] over 64 prompts" in block
     assert "Failed: `test_b`." in block
