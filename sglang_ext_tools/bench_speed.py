@@ -240,6 +240,57 @@ def build_plan(
     return plan
 
 
+BASELINE_ROLES = ("nospec", "noise")  # measured in every group (noise: the same server)
+
+
+def plan_groups(specs: Sequence[Mapping[str, Any]], at_once: int | None) -> list[list[str]]:
+    """The servers measured together, as name lists: one group of all (``at_once`` None or
+    large enough), else the baseline in every group and the other servers, in order, at most
+    ``at_once - 1`` to a group (the baseline is the one more that stays up). The nbr-false
+    pair goes in one group: plugin_vs_stock compares the two side by side. Raises
+    ValueError when a group cannot hold what must run together."""
+    base = [s["name"] for s in specs if s["role"] in BASELINE_ROLES]
+    units: list[list[str]] = []
+    for spec in specs:
+        if spec["role"] in BASELINE_ROLES:
+            continue
+        if spec["role"] == "nbr_stock" and units and units[-1][-1].startswith("nbrfalse-plugin"):
+            units[-1].append(spec["name"])
+        else:
+            units.append([spec["name"]])
+    if at_once is None or at_once >= 1 + sum(map(len, units)):
+        return [base + [name for unit in units for name in unit]]
+    room = at_once - 1
+    widest = max(units, key=len)
+    if len(widest) > room:
+        raise ValueError(
+            f"--at-once {at_once}: {' and '.join(widest)} run beside the baseline together, "
+            f"which needs --at-once {1 + len(widest)} or more"
+        )
+    groups: list[list[str]] = []
+    for unit in units:
+        if not groups or len(groups[-1]) + len(unit) > room:
+            groups.append([])
+        groups[-1].extend(unit)
+    return [base + group for group in groups]
+
+
+def grouped_plan(
+    groups: Sequence[Sequence[str]],
+    batches: Sequence[int],
+    rounds: int,
+    waves: int,
+    num_prompts: int,
+    batch1_requests: int = 64,
+) -> list[dict[str, Any]]:
+    """``build_plan`` for each group in turn, every entry marked with its group."""
+    return [
+        {**entry, "group": g}
+        for g, names in enumerate(groups)
+        for entry in build_plan(names, batches, rounds, waves, num_prompts, batch1_requests)
+    ]
+
+
 def warmup_plan(batches: Sequence[int]) -> list[dict[str, int]]:
     top = max(batches)
     return [{"requests": 2, "concurrency": 1}, {"requests": top, "concurrency": top}]
@@ -496,16 +547,28 @@ def build_result(
     specs: Sequence[Mapping[str, Any]],
     compare: Setting | None,
     fixtures: Mapping[str, Any] | None = None,
+    groups: Sequence[Sequence[str]] | None = None,
 ) -> dict[str, Any]:
-    """The result JSON from run metadata, server records and raw measurements."""
+    """The result JSON from run metadata, server records and raw measurements (measured in
+    ``groups``, see plan_groups; None: all servers together)."""
     statuses = {s["name"]: s["status"] for s in servers}
-    rows = build_rows(
-        aggregate(measurements), specs, meta["batches"], statuses, meta.get("attention_backend")
-    )
+    groups = groups or [[spec["name"] for spec in specs]]
+    rows = []
+    for g, names in enumerate(groups):  # each group's rows against its own baseline
+        members = [spec for spec in specs if spec["name"] in names]
+        group_rows = build_rows(
+            aggregate([m for m in measurements if m.get("group", 0) == g]),
+            members,
+            meta["batches"],
+            statuses,
+            meta.get("attention_backend"),
+        )
+        rows += group_rows if len(groups) == 1 else [{**r, "group": g} for r in group_rows]
     best, goals = best_and_goals(rows, compare)
     return {
         "schema_version": SCHEMA_VERSION,
         **meta,
+        "groups": [list(names) for names in groups],
         "compare_setting": list(compare) if compare else None,
         "servers": list(servers),
         "rows": rows,
@@ -751,6 +814,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--mem-fraction", type=float, default=0.13)
     p.add_argument(
+        "--at-once",
+        type=_positive_int,
+        metavar="N",
+        help="servers up at a time, the baseline included (default: all). Where not every "
+        "server fits the GPU (a wide target: ~50 GB of weights each), the baseline stays up "
+        "and the others come up N-1 at a time, each group timed against the baseline in "
+        "rounds of its own",
+    )
+    p.add_argument(
         "--variant",
         action="append",
         type=parse_variant,
@@ -803,6 +875,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error(f"--mem-fraction {args.mem_fraction}: must be in (0, 1)")
     args.batches = sorted(set(args.batches))
     args.compare = args.compare_setting if args.drafter_nbr_false else None
+    if args.at_once is not None and args.at_once < 2:
+        parser.error(f"--at-once {args.at_once}: the baseline and one server need 2")
+    try:
+        args.groups = plan_groups(
+            server_specs(args.settings, args.compare, args.variant, args.noise), args.at_once
+        )
+    except ValueError as exc:
+        parser.error(str(exc))
     return args
 
 
@@ -853,6 +933,24 @@ def profile_server(server: Server, prompt: Any, args: argparse.Namespace) -> dic
     return {**out, "trace": str(path), "request": summarize_measurement(results, wall)}
 
 
+def measure(server: Server, entry: Mapping[str, Any], prompts, args) -> dict[str, Any]:
+    """One plan entry on its server: the measurement record (its status where the server is
+    not ready or has died)."""
+    if server.status == "ready" and not server.alive():
+        server.status = f"died during measurement ({server.process.returncode})"
+    m = {**entry, "status": "ok" if server.status == "ready" else server.status}
+    if server.status == "ready":
+        chosen = [prompts[i] for i in entry["prompts"]]
+        results, wall = _run(server, chosen, entry["concurrency"], args.max_new_tokens)
+        m.update(summarize_measurement(results, wall))
+        print(
+            f"round {entry['round']} {entry['server']} b={entry['batch']}: "
+            f"{m['tok_s']} tok/s tau={m['tau']} errors={m['errors']}",
+            file=sys.stderr,
+        )
+    return m
+
+
 def merge_main(argv: Sequence[str]) -> int:
     """``bench_speed.py merge RUN.json ... --out-json OUT [--out-png PNG]``: the backend
     matrix from one run per attention backend."""
@@ -900,8 +998,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     specs = server_specs(args.settings, args.compare, args.variant, args.noise)
     servers = make_servers(specs, args)
-    plan = build_plan(
-        [spec["name"] for spec in specs],
+    plan = grouped_plan(
+        args.groups,
         args.batches,
         args.rounds,
         args.requests_per_batch,
@@ -915,6 +1013,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for s in servers
             ],
             "warmup": warmup_plan(args.batches),
+            "groups": args.groups,
             "plan": plan,
             "prompts": {"source": source, "count": len(prompts)},
         }
@@ -927,38 +1026,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     by_name.update(
         {spec["name"]: by_name[spec["alias_of"]] for spec in specs if spec.get("alias_of")}
     )
+    brought_up: set[str] = set()
     try:
-        start_all(servers, args.startup_timeout)
-        for s in servers:
-            print(f"{s.name}: {s.status} after {s.ready_after_s} s", file=sys.stderr)
-        for s in servers:
-            if s.status == "ready":
-                for w in warmup_plan(args.batches):
-                    chosen = [prompts[i] for i in prompt_indices(len(prompts), 0, w["requests"])]
-                    _run(s, chosen, w["concurrency"], args.max_new_tokens)
-        for entry in plan:
-            server = by_name[entry["server"]]
-            if server.status == "ready" and not server.alive():
-                server.status = f"died during measurement ({server.process.returncode})"
-            m = {**entry, "status": "ok" if server.status == "ready" else server.status}
-            if server.status == "ready":
-                chosen = [prompts[i] for i in entry["prompts"]]
-                results, wall = _run(server, chosen, entry["concurrency"], args.max_new_tokens)
-                m.update(summarize_measurement(results, wall))
-                print(
-                    f"round {entry['round']} {entry['server']} b={entry['batch']}: "
-                    f"{m['tok_s']} tok/s tau={m['tau']} errors={m['errors']}",
-                    file=sys.stderr,
-                )
-            measurements.append(m)
-        if args.profile:
-            for s in servers:
-                if s.status == "ready" and s.alive():
-                    profiles[s.name] = profile_server(s, prompts[0], args)
-                    print(
-                        f"profile {s.name}: {json.dumps(profiles[s.name].get('per_cycle_ms'))}",
-                        file=sys.stderr,
-                    )
+        for g, names in enumerate(args.groups):
+            up = [s for s in servers if s.name in names and s.name not in brought_up]
+            start_all(up, args.startup_timeout)
+            brought_up.update(s.name for s in up)
+            for s in up:
+                print(f"{s.name}: {s.status} after {s.ready_after_s} s", file=sys.stderr)
+            for s in up:
+                if s.status == "ready":
+                    for w in warmup_plan(args.batches):
+                        ids = prompt_indices(len(prompts), 0, w["requests"])
+                        _run(s, [prompts[i] for i in ids], w["concurrency"], args.max_new_tokens)
+            for entry in (e for e in plan if e["group"] == g):
+                measurements.append(measure(by_name[entry["server"]], entry, prompts, args))
+            if args.profile:  # each server while it is up (a group's go down below)
+                for s in up:
+                    if s.status == "ready" and s.alive():
+                        profiles[s.name] = profile_server(s, prompts[0], args)
+                        cycle = profiles[s.name].get("per_cycle_ms")
+                        print(f"profile {s.name}: {json.dumps(cycle)}", file=sys.stderr)
+            if g + 1 < len(args.groups):  # free the GPU for the next group
+                leaving = [by_name[n] for n in names if n not in args.groups[g + 1]]
+                for s in leaving:
+                    s.stop()
+                for s in leaving:
+                    if not s.wait_gone():
+                        raise RuntimeError(f"{s.name}: processes left after stop")
     except (Exception, KeyboardInterrupt) as exc:
         aborted = f"{type(exc).__name__}: {exc}"
         print(f"aborted: {aborted} (writing partial results)", file=sys.stderr)
@@ -1002,12 +1097,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "rounds": args.rounds,
         "requests_per_batch": args.requests_per_batch,
         "mem_fraction": args.mem_fraction,
+        "at_once": args.at_once,
         "server_extra_args": server_extra_args(args),
         "prompts": {"source": source, "count": len(prompts)},
         "wall_s": round(time.time() - started, 1),
         "aborted": aborted,
     }
-    result = build_result(meta, server_records, measurements, specs, args.compare, fixtures)
+    result = build_result(
+        meta, server_records, measurements, specs, args.compare, fixtures, args.groups
+    )
     if args.profile:
         result["profiles"] = profiles
     out_json = Path(args.out_json or Path(args.log_dir) / "bench_speed.json")

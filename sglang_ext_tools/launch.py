@@ -200,6 +200,23 @@ class Server:
             except ProcessLookupError:
                 pass
 
+    def wait_gone(self, timeout: float = 60.0) -> bool:
+        """Up to ``timeout`` s until no process of the server's group is left (the scheduler
+        and detokenizer children hold the GPU memory, not the leader ``stop`` waited for);
+        True once the group is gone or was never started."""
+        if self.process is None:
+            return True
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            try:
+                os.killpg(self.process.pid, 0)
+            except ProcessLookupError:
+                return True
+            except PermissionError:
+                return False
+            time.sleep(0.5)
+        return False
+
     def log_text(self) -> str:
         try:
             return self.log_path.read_text(errors="replace")

@@ -363,6 +363,103 @@ def test_main_with_fake_servers_writes_partial_results(prompts_file, tmp_path, m
         assert out_png.read_bytes()[:4] == b"\x89PNG"
 
 
+# ------------------------------------------------------------------ groups (--at-once)
+
+
+def test_groups_keep_the_baseline_up_and_the_nbr_pair_together():
+    specs = bs.server_specs([(3, 1, 4), (5, 1, 6), (3, 4, 5)], (5, 1, 6), noise=True)
+    everyone = [s["name"] for s in specs]
+    assert bs.plan_groups(specs, None) == [everyone]
+    assert bs.plan_groups(specs, 6) == [everyone]  # 6 real servers: the alias takes no GPU
+    base = ["nospec", "nospec-again"]
+    assert bs.plan_groups(specs, 3) == [
+        [*base, "spec-3-1-4", "spec-5-1-6"],
+        [*base, "spec-3-4-5"],
+        [*base, "nbrfalse-plugin-5-1-6", "nbrfalse-stock-5-1-6"],
+    ]
+    plain = bs.server_specs([(3, 1, 4), (5, 1, 6)], None)
+    assert bs.plan_groups(plain, 2) == [["nospec", "spec-3-1-4"], ["nospec", "spec-5-1-6"]]
+    with pytest.raises(ValueError, match="needs --at-once 3"):
+        bs.plan_groups(specs, 2)
+    plan = bs.grouped_plan(bs.plan_groups(plain, 2), [1], rounds=2, waves=1, num_prompts=4)
+    assert [(e["group"], e["round"], e["server"]) for e in plan] == [
+        (0, 0, "nospec"), (0, 0, "spec-3-1-4"), (0, 1, "spec-3-1-4"), (0, 1, "nospec"),
+        (1, 0, "nospec"), (1, 0, "spec-5-1-6"), (1, 1, "spec-5-1-6"), (1, 1, "nospec"),
+    ]  # fmt: skip
+
+
+def test_at_once_errors_name_the_flag(prompts_file, capsys):
+    with pytest.raises(SystemExit) as exc:
+        bs.parse_args(_argv(prompts_file, "--at-once", "2"))
+    assert exc.value.code == 2
+    assert "nbrfalse-plugin-5-1-6 and nbrfalse-stock-5-1-6" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bs.parse_args(_argv(prompts_file, "--at-once", "1", nbr=False))
+    assert "--at-once 1: the baseline and one server need 2" in capsys.readouterr().err
+
+
+def test_at_once_two_times_each_server_beside_the_baseline_of_its_own_group(
+    prompts_file, tmp_path, monkeypatch
+):
+    """--at-once 2 with three settings: never more than two servers up, the baseline up
+    throughout, each group's servers stopped (and gone) before the next group starts, and
+    each row's speedup against the baseline timed in its own group: the baseline here slows
+    from 100 to 50 to 25 tok/s between groups while every setting runs at 2x it."""
+    up: set[str] = set()
+    peak, starts, group = [0], [], [0]
+
+    def fake_start_all(servers, timeout):
+        starts.append([s.name for s in servers])
+        for s in servers:
+            s.status = "ready"
+            up.add(s.name)
+        peak[0] = max(peak[0], len(up))
+        return {s.name: "ready" for s in servers}
+
+    def fake_stop(self):
+        if self.name in up:
+            up.discard(self.name)
+            if self.name != "nospec":
+                group[0] += 1
+
+    def fake_run(server, prompts, concurrency, max_new_tokens):
+        base = 100.0 / 2 ** group[0]
+        speed = base if server.name == "nospec" else 2 * base
+        results = [
+            RequestResult(k, True, completion_tokens=max_new_tokens, tpot_s=0.005,
+                          latency_s=max_new_tokens / speed,
+                          acceptance=Acceptance(verify_steps=None if server.name == "nospec"
+                                                else max_new_tokens // 2))
+            for k in range(len(prompts))
+        ]  # fmt: skip
+        return results, len(prompts) * max_new_tokens / speed
+
+    monkeypatch.setattr(bs, "start_all", fake_start_all)
+    monkeypatch.setattr(bs, "_run", fake_run)
+    monkeypatch.setattr(Server, "alive", lambda self: self.name in up)
+    monkeypatch.setattr(Server, "stop", fake_stop)
+    monkeypatch.setattr(Server, "wait_gone", lambda self, timeout=60.0: self.name not in up)
+    monkeypatch.setattr(bs, "gpu_info", lambda: {"name": "FakeGPU"})
+    out_json = tmp_path / "r.json"
+    rc = bs.main(_argv(prompts_file, "--settings", "3,1,4", "5,1,6", "3,4,5", "--at-once", "2",
+                       "--batches", "1", "--rounds", "2", "--batch1-requests", "4",
+                       "--log-dir", str(tmp_path / "logs"), "--out-json", str(out_json),
+                       nbr=False))  # fmt: skip
+    assert rc == 0
+    assert starts == [["nospec", "spec-3-1-4"], ["spec-5-1-6"], ["spec-3-4-5"]]
+    assert peak[0] == 2
+    data = json.loads(out_json.read_text())
+    assert data["at_once"] == 2 and len(data["groups"]) == 3
+    rows = {r["server"]: r for r in data["rows"]}
+    assert {name: r["group"] for name, r in rows.items()} == {
+        "spec-3-1-4": 0, "spec-5-1-6": 1, "spec-3-4-5": 2
+    }  # fmt: skip
+    assert [rows[n]["nospec_tok_s"] for n in ("spec-3-1-4", "spec-5-1-6", "spec-3-4-5")] == [
+        100.0, 50.0, 25.0
+    ]  # fmt: skip
+    assert all(r["speedup"] == 2.0 and r["speedup_ci95"] == [2.0, 2.0] for r in rows.values())
+
+
 def test_launch_server_spec_and_attention_backend():
     cmd = Server("s", "m", 1, "d", spec=(5, 1, 6), attention_backend="fa3").command()
     assert cmd[cmd.index("--attention-backend") + 1] == "fa3"
