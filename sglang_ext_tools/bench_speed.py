@@ -275,19 +275,13 @@ def plan_groups(specs: Sequence[Mapping[str, Any]], at_once: int | None) -> list
     return [base + group for group in groups]
 
 
-def grouped_plan(
-    groups: Sequence[Sequence[str]],
-    batches: Sequence[int],
-    rounds: int,
-    waves: int,
-    num_prompts: int,
-    batch1_requests: int = 64,
-) -> list[dict[str, Any]]:
-    """``build_plan`` for each group in turn, every entry marked with its group."""
+def grouped_plan(groups: Sequence[Sequence[str]], *args: Any, **kwargs: Any) -> list[dict]:
+    """``build_plan(names, *args, **kwargs)`` for each group's names in turn, every entry
+    marked with its group."""
     return [
         {**entry, "group": g}
         for g, names in enumerate(groups)
-        for entry in build_plan(names, batches, rounds, waves, num_prompts, batch1_requests)
+        for entry in build_plan(names, *args, **kwargs)
     ]
 
 
