@@ -314,11 +314,15 @@ seed-shape-bench)
         --acceptance-dir "$LOGS/acceptance" --log-dir "$LOGS" --out-json "$OUT/seed-shape.json" \
         --out-png "$OUT/seed-shape.png" "$@" 2>&1 | tee "$OUT/bench.log"
     status=${PIPESTATUS[0]}
+    # --profile: one traced batch-1 request per server splits the cycle (target graph, draft
+    # graphs, other kernels, idle; trace_breakdown), the evidence for where tree 3/4/5's extra
+    # cost over chain 3/1/4 goes (issue #24, step 3)
     wide --batches 1 --rounds 1 --server-args "--load-format dummy" --log-dir "$LOGS/probe" \
-        --out-json "$OUT/seed-shape-probe.json" 2>&1 | tee -a "$OUT/bench.log" || true
+        --profile --out-json "$OUT/seed-shape-probe.json" 2>&1 | tee -a "$OUT/bench.log" || true
     python3 -m sglang_ext.cli tune "$LOGS"/acceptance/*.jsonl --costs "$OUT/seed-shape-probe.json" \
         --against "$OUT/seed-shape.json" --json >"$OUT/advisor.json" 2>>"$OUT/bench.log" || true
-    tar -czf "$OUT/server-logs.tgz" -C "$LOGS" . 2>/dev/null
+    # traces stay out (tens of MB; their breakdown is in the probe JSON's `profiles`)
+    tar -czf "$OUT/server-logs.tgz" --exclude="*.trace.json.gz" -C "$LOGS" . 2>/dev/null
     exit "$status"
     ;;
 seed-shape-wait)
@@ -379,7 +383,8 @@ speed-bench)
         --log-dir "$LOGS" --out-json "$OUT/speed.json" --out-png "$OUT/speed.png" "$@" \
         2>&1 | tee "$OUT/bench.log"
     status=${PIPESTATUS[0]}
-    tar -czf "$OUT/server-logs.tgz" -C "$LOGS" . 2>/dev/null
+    # traces stay out (tens of MB; their breakdown is in the probe JSON's `profiles`)
+    tar -czf "$OUT/server-logs.tgz" --exclude="*.trace.json.gz" -C "$LOGS" . 2>/dev/null
     exit "$status"
     ;;
 fixtures)
