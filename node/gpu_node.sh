@@ -321,7 +321,7 @@ seed-shape-bench)
         --profile --out-json "$OUT/seed-shape-probe.json" 2>&1 | tee -a "$OUT/bench.log" || true
     python3 -m sglang_ext.cli tune "$LOGS"/acceptance/*.jsonl --costs "$OUT/seed-shape-probe.json" \
         --against "$OUT/seed-shape.json" --json >"$OUT/advisor.json" 2>>"$OUT/bench.log" || true
-    # traces stay out (tens of MB; their breakdown is in the probe JSON's `profiles`)
+    # traces stay out (tens of MB; bench_speed puts their breakdown in its JSON's `profiles`)
     tar -czf "$OUT/server-logs.tgz" --exclude="*.trace.json.gz" -C "$LOGS" . 2>/dev/null
     exit "$status"
     ;;
@@ -383,7 +383,7 @@ speed-bench)
         --log-dir "$LOGS" --out-json "$OUT/speed.json" --out-png "$OUT/speed.png" "$@" \
         2>&1 | tee "$OUT/bench.log"
     status=${PIPESTATUS[0]}
-    # traces stay out (tens of MB; their breakdown is in the probe JSON's `profiles`)
+    # traces stay out (tens of MB; bench_speed puts their breakdown in its JSON's `profiles`)
     tar -czf "$OUT/server-logs.tgz" --exclude="*.trace.json.gz" -C "$LOGS" . 2>/dev/null
     exit "$status"
     ;;
