@@ -201,21 +201,18 @@ class Server:
                 pass
 
     def wait_gone(self, timeout: float = 60.0) -> bool:
-        """Up to ``timeout`` s until no process of the server's group is left (the scheduler
-        and detokenizer children hold the GPU memory, not the leader ``stop`` waited for);
+        """Up to ``timeout`` s until no live process of the server's group is left (the
+        scheduler and detokenizer children hold the GPU memory, not the leader ``stop``
+        waited for; a zombie holds none, and where PID 1 does not reap orphans it stays);
         True once the group is gone or was never started."""
         if self.process is None:
             return True
         deadline = time.time() + timeout
-        while time.time() < deadline:
-            try:
-                os.killpg(self.process.pid, 0)
-            except ProcessLookupError:
-                return True
-            except PermissionError:
+        while group_alive(self.process.pid):
+            if time.time() >= deadline:
                 return False
             time.sleep(0.5)
-        return False
+        return True
 
     def log_text(self) -> str:
         try:
@@ -292,6 +289,26 @@ class Server:
     def metrics_text(self) -> str:
         with urllib.request.urlopen(self.url + "/metrics", timeout=30) as resp:
             return resp.read().decode()
+
+
+def group_alive(pgid: int, proc: Path = Path("/proc")) -> bool:
+    """Whether a process of group ``pgid`` is alive (not a zombie), from /proc/PID/stat; where
+    there is no /proc, whether the group can be signalled at all."""
+    if not proc.is_dir():
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # the process ended while the folder was read
+            continue
+        state, _ppid, pgrp = text[text.rfind(")") + 2 :].split()[:3]
+        if int(pgrp) == pgid and state != "Z":
+            return True
+    return False
 
 
 def start_all(servers: list[Server], timeout: float) -> dict[str, str]:

@@ -76,3 +76,49 @@ def test_stream_events_yields_each_event_and_stops_when_closed(streamer):
     assert first["output_ids"] == [0, 1]
     with pytest.raises(StopIteration):
         next(events)  # closed: the connection is gone, nothing more is read
+
+
+# ------------------------------------------------------------------ a stopped server is gone
+
+
+def _stat(pid: int, name: str, state: str, pgrp: int) -> str:
+    return f"{pid} ({name}) {state} 1 {pgrp} {pgrp} 0 -1 4194560 0 0\n"
+
+
+def test_group_alive_reads_live_members_and_passes_over_zombies(tmp_path):
+    """bench_speed --at-once starts the next group once the last one's processes are gone;
+    a zombie left where PID 1 reaps no orphans holds no GPU memory and must not stall it."""
+    for pid, name, state, pgrp in [
+        (101, "python3", "Z", 77),  # the leader, reaped late
+        (102, "sglang::scheduler ) x", "Z", 77),  # a ')' in the name: the last one counts
+        (103, "python3", "S", 88),  # another group
+    ]:
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "stat").write_text(_stat(pid, name, state, pgrp))
+    from sglang_ext_tools.launch import group_alive
+
+    assert not group_alive(77, tmp_path)
+    assert group_alive(88, tmp_path)
+    (tmp_path / "102" / "stat").write_text(_stat(102, "sglang::scheduler ) x", "R", 77))
+    assert group_alive(77, tmp_path)
+
+
+def test_wait_gone_waits_for_the_children_of_a_stopped_leader():
+    import os
+    import signal
+    import subprocess
+
+    server = Server("s", "m", 1)
+    assert server.wait_gone(0.1)  # never started
+    # a leader with a child in its session, like launch_server and its scheduler
+    server.process = subprocess.Popen(
+        ["sh", "-c", "sleep 30 & exec sleep 30"], start_new_session=True
+    )
+    try:
+        assert not server.wait_gone(0.6)
+        os.killpg(server.process.pid, signal.SIGKILL)
+        server.process.wait(timeout=10)
+        assert server.wait_gone(10)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.process.pid, signal.SIGKILL)
