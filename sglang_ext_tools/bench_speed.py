@@ -251,13 +251,15 @@ def plan_groups(specs: Sequence[Mapping[str, Any]], at_once: int | None) -> list
     ValueError when a group cannot hold what must run together."""
     base = [s["name"] for s in specs if s["role"] in BASELINE_ROLES]
     units: list[list[str]] = []
+    previous = None
     for spec in specs:
         if spec["role"] in BASELINE_ROLES:
             continue
-        if spec["role"] == "nbr_stock" and units and units[-1][-1].startswith("nbrfalse-plugin"):
+        if spec["role"] == "nbr_stock" and previous == "nbr_plugin":  # server_specs' order
             units[-1].append(spec["name"])
         else:
             units.append([spec["name"]])
+        previous = spec["role"]
     if at_once is None or at_once >= 1 + sum(map(len, units)):
         return [base + [name for unit in units for name in unit]]
     room = at_once - 1
@@ -812,9 +814,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_int,
         metavar="N",
         help="servers up at a time, the baseline included (default: all). Where not every "
-        "server fits the GPU (a wide target: ~50 GB of weights each), the baseline stays up "
-        "and the others come up N-1 at a time, each group timed against the baseline in "
-        "rounds of its own",
+        "server fits the GPU (eight 8B-shaped servers at ~17 GB of weights each on one "
+        "H200), the baseline stays up and the others come up N-1 at a time, each group "
+        "timed against the baseline in rounds of its own",
     )
     p.add_argument(
         "--variant",
@@ -871,10 +873,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.compare = args.compare_setting if args.drafter_nbr_false else None
     if args.at_once is not None and args.at_once < 2:
         parser.error(f"--at-once {args.at_once}: the baseline and one server need 2")
+    args.specs = server_specs(args.settings, args.compare, args.variant, args.noise)
     try:
-        args.groups = plan_groups(
-            server_specs(args.settings, args.compare, args.variant, args.noise), args.at_once
-        )
+        args.groups = plan_groups(args.specs, args.at_once)
     except ValueError as exc:
         parser.error(str(exc))
     return args
@@ -990,7 +991,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    specs = server_specs(args.settings, args.compare, args.variant, args.noise)
+    specs = args.specs
     servers = make_servers(specs, args)
     plan = grouped_plan(
         args.groups,
