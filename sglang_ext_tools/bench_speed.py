@@ -39,7 +39,7 @@ from typing import Any
 import sglang_ext
 from sglang_ext.cli.bench import BenchError, RequestSpec, load_prompts, run_benchmark
 from sglang_ext.cli.bench_report import RequestResult
-from sglang_ext_tools.launch import DEFAULT_SPEC, STOCK_ENV, Server, start_all
+from sglang_ext_tools.launch import DEFAULT_SPEC, STOCK_ENV, Server, start_all, stop_all
 from sglang_ext_tools.stats import bootstrap_ratio_ci
 from sglang_ext_tools.trace_breakdown import breakdown, load_trace, newest_trace
 
@@ -1044,8 +1044,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         print(f"profile {s.name}: {json.dumps(cycle)}", file=sys.stderr)
             if g + 1 < len(args.groups):  # free the GPU for the next group
                 leaving = [by_name[n] for n in names if n not in args.groups[g + 1]]
-                for s in leaving:
-                    s.stop()
+                stop_all(leaving)
                 for s in leaving:
                     if not s.wait_gone():
                         raise RuntimeError(f"{s.name}: processes left after stop")
@@ -1053,8 +1052,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         aborted = f"{type(exc).__name__}: {exc}"
         print(f"aborted: {aborted} (writing partial results)", file=sys.stderr)
     finally:
-        for s in servers:
-            s.stop()
+        stop_all(servers)
 
     gpu = gpu_info()
     server_records = []

@@ -311,6 +311,16 @@ def group_alive(pgid: int, proc: Path = Path("/proc")) -> bool:
     return False
 
 
+def stop_all(servers) -> None:
+    """Stop these servers together: SIGTERM to all first, then wait for each (one at a time,
+    ~20 servers took 46 s to stop on the H200, 2026-12-01)."""
+    servers = list(servers)
+    for server in servers:
+        server.terminate()
+    for server in servers:
+        server.stop()
+
+
 def start_all(servers: list[Server], timeout: float) -> dict[str, str]:
     """Start every server, then wait for all of them in parallel; name -> final status."""
     for server in servers:

@@ -9,7 +9,7 @@ import contextlib
 import os
 import time
 
-from sglang_ext_tools.launch import BASE_FLAGS, STOCK_ENV, spec_flags, start_all
+from sglang_ext_tools.launch import BASE_FLAGS, STOCK_ENV, spec_flags, start_all, stop_all
 from sglang_ext_tools.launch import Server as _LaunchServer
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
     "Server",
     "busy_cores",
     "start_all",
+    "stop_all",
     "soak_seconds",
     "timed_phase",
     "timed_tokens_per_s",

@@ -32,6 +32,7 @@ from harness import (
     STOCK_ENV,
     Server,
     start_all,
+    stop_all,
     timed_phase,
 )
 
@@ -392,14 +393,7 @@ def launch(servers: list[Server], key: str) -> list[Server]:
     return servers
 
 
-def stop(servers) -> None:
-    """Stop these servers together: SIGTERM to all first, then wait for each (one at a time,
-    ~20 servers took 46 s to stop on the H200, 2026-12-01)."""
-    servers = list(servers)
-    for server in servers:
-        server.terminate()
-    for server in servers:
-        server.stop()
+stop = stop_all  # the tests stop servers through suite.stop
 
 
 PUBLIC_CONFIGS: dict[str, dict] = {}  # corpus name -> drafter, target, doctor's diagnosis
