@@ -318,10 +318,10 @@ seed-shape-bench)
     if ! python3 -c 'import json, sys; d = json.load(open(sys.argv[1]))
 sys.exit(0 if any(s["status"] == "ready" for s in d["servers"]) else 1)' "$OUT/seed-shape.json"
     then
-        # No server started on fa3: the fixture's MLA latent (rope 32 + kv_lora 256, what
-        # SGLang's triton MLA decode takes) has never been served on fa3, whose absorbed path
-        # needs a (64, 256) head-dim kernel in sglang-kernel. The session still measures:
-        # triton, on which the suite serves this geometry.
+        # No server started on fa3. The wide target has DeepSeek-V3's latent (512 + 64, nope
+        # and v 128: widen_mla.KIMI_K25_TP8_RANK), what SGLang serves DeepSeek with on fa3, but
+        # this fixture has not been served on fa3 before; the session still measures: triton,
+        # whose MLA decode takes 576 as well.
         backend=triton
         mv "$OUT/seed-shape.json" "$OUT/seed-shape-fa3-failed.json"
         rm -rf "$LOGS/acceptance"

@@ -1,6 +1,7 @@
 """Function-preserving widening of a trained DeepSeek-V3-class (MLA + MoE) target to the width
-of one tensor-parallel rank of Kimi-K2.5 (hidden 7168), so speed is measured at the seed's
-cost ratios with a model that still predicts what the small trained one predicts.
+of one tensor-parallel rank of Kimi-K2.5 (hidden 7168, DeepSeek-V3's MLA latent), so speed is
+measured at the seed's cost ratios with a model that still predicts what the small trained one
+predicts.
 
 The rules of :mod:`sglang_ext_tools.widen` (zero-padded widths, RMSNorm weights divided by
 sqrt(r) and ``rms_norm_eps`` by r), per axis of the MLA + MoE layer:
@@ -10,24 +11,41 @@ sqrt(r) and ``rms_norm_eps`` by r), per axis of the MLA + MoE layer:
   routed expert's MLP), ``sinter`` (the shared experts', ``moe_intermediate_size`` x
   ``n_shared_experts``) are padded with zeros; padded MLP rows of gate/up meet zero columns of
   down, so they add nothing;
-- the MLA latent geometry is kept (``kv_lora_rank``, ``qk_rope_head_dim``,
-  ``qk_nope_head_dim``, ``v_head_dim``, heads: RoPE and the softmax scale stay as they are,
-  and the latent width stays one SGLang's MLA kernels serve), as are the expert count, the
-  router's output and its correction bias, and the vocabulary.
+- the MLA latent (``kvlora``: kv_a_proj_with_mqa's latent rows, kv_b_proj columns,
+  kv_a_layernorm) and, per head, ``qk_nope_head_dim``, ``qk_rope_head_dim`` and
+  ``v_head_dim`` (``q_heads``: q_b_proj rows; ``kv_heads``: kv_b_proj rows; ``o_heads``:
+  o_proj columns; ``kv_a``: kv_a_proj_with_mqa rows, latent then the shared RoPE key) are
+  padded with zeros too: a zero nope or rope dimension adds nothing to q.k, a zero value
+  dimension meets a zero o_proj column. Two things are not zeros:
+  - RoPE: a rope width r -> r' keeps each trained pair on its frequency when the padding sits
+    after the trained pairs (interleaved pairs, DeepSeek's default ``rope_interleave``; the
+    neox layout pads each half) and ``rope_theta`` becomes theta ** (r'/r): pair j turns at
+    theta' ** (-2j/r') = theta ** (-2j/r). Scaled RoPE (yarn) is not widened (its frequency
+    correction depends on r): an error.
+  - the softmax scale, (nope + rope) ** -0.5 in SGLang and transformers alike, shrinks when
+    nope + rope grows; q_b_proj is multiplied by sqrt((nope' + rope') / (nope + rope)) so
+    q.k * scale is unchanged (one bf16 rounding of q_b_proj; the function check measures it).
+- heads, the expert count, the router's output and its correction bias, and the vocabulary
+  are kept.
+
+Why widen the latent: the small fixture's latent (kv_lora 256 + rope 32, nope and v 32) is
+what SGLang's triton MLA decode takes, but FA3 and FlashMLA -- SGLang's picks for DeepSeek on
+Hopper -- serve DeepSeek-V3's 512 + 64 (nope and v 128), and a rank of Kimi-K2.5 spends its
+attention bytes at that geometry.
 
 One ``rms_norm_eps`` serves every norm, so it is divided by the hidden ratio; the norms whose
-width grows by another ratio (q_a_layernorm) or not at all (kv_a_layernorm) then see a
-smaller eps than they were trained with -- exact only if that eps is negligible against the
-mean square it is added to (1e-6 here; the function check measures the rest). An unknown
-tensor name is an error.
+width grows by another ratio (q_a_layernorm, kv_a_layernorm) then see a smaller eps than they
+were trained with -- exact only if that eps is negligible against the mean square it is added
+to (1e-6 here; the function check measures the rest). An unknown tensor name is an error.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import torch
@@ -51,11 +69,11 @@ MLA_LAYER_LAYOUT: dict[str, tuple[str, ...]] = {
     "post_attention_layernorm.weight": ("norm:hidden",),
     "self_attn.q_a_proj.weight": ("qlora", "hidden"),
     "self_attn.q_a_layernorm.weight": ("norm:qlora",),
-    "self_attn.q_b_proj.weight": ("keep", "qlora"),
-    "self_attn.kv_a_proj_with_mqa.weight": ("keep", "hidden"),
-    "self_attn.kv_a_layernorm.weight": ("copy",),
-    "self_attn.kv_b_proj.weight": ("keep", "keep"),
-    "self_attn.o_proj.weight": ("hidden", "keep"),
+    "self_attn.q_b_proj.weight": ("q_heads", "qlora"),
+    "self_attn.kv_a_proj_with_mqa.weight": ("kv_a", "hidden"),
+    "self_attn.kv_a_layernorm.weight": ("norm:kvlora",),
+    "self_attn.kv_b_proj.weight": ("kv_heads", "kvlora"),
+    "self_attn.o_proj.weight": ("hidden", "o_heads"),
     "mlp.gate_proj.weight": ("inter", "hidden"),  # dense layers (first_k_dense_replace)
     "mlp.up_proj.weight": ("inter", "hidden"),
     "mlp.down_proj.weight": ("hidden", "inter"),
@@ -68,19 +86,26 @@ MLA_LAYER_LAYOUT: dict[str, tuple[str, ...]] = {
     "mlp.shared_experts.up_proj.weight": ("sinter", "hidden"),
     "mlp.shared_experts.down_proj.weight": ("hidden", "sinter"),
 }
+# Tensors multiplied by a factor after padding (the factor's name: MlaWidening.factor).
+MLA_SCALED: dict[str, str] = {"self_attn.q_b_proj.weight": "softmax"}
 _LAYER = re.compile(r"^model\.layers\.(?P<idx>\d+)\.(?P<rest>.+)$")
 _EXPERT = re.compile(r"^mlp\.experts\.\d+\.")
 
 
 @dataclass(frozen=True)
 class MlaShape:
-    """The widths that widening changes (the MLA latent geometry is kept)."""
+    """The widths widening sets. The latent fields (``kv_lora``, ``rope``, ``nope``, ``v``)
+    left None keep the small model's; heads are always kept."""
 
     hidden: int
     q_lora: int
     intermediate: int
     moe_intermediate: int
     n_shared: int = 1
+    kv_lora: int | None = None
+    rope: int | None = None
+    nope: int | None = None
+    v: int | None = None
 
     @classmethod
     def from_config(cls, cfg: Mapping) -> MlaShape:
@@ -90,15 +115,34 @@ class MlaShape:
             intermediate=int(cfg["intermediate_size"]),
             moe_intermediate=int(cfg["moe_intermediate_size"]),
             n_shared=int(cfg.get("n_shared_experts") or 0),
+            kv_lora=int(cfg["kv_lora_rank"]),
+            rope=int(cfg["qk_rope_head_dim"]),
+            nope=int(cfg["qk_nope_head_dim"]),
+            v=int(cfg["v_head_dim"]),
         )
 
 
 # One tensor-parallel rank of Kimi-K2.5's text model (DeepSeek-V3 class) at TP8, as SGLang's
 # deepseek_v2 shards it: the residual stream is whole on every rank (hidden 7168) and so is the
 # q latent (q_a_proj is replicated: q_lora_rank 1536); the dense MLP (18432) and each routed
-# and shared expert's MLP (2048) are split 8 ways. Heads (64 / 8 = 8) are the fixture's own.
+# and shared expert's MLP (2048) are split 8 ways. Heads (64 / 8 = 8) are the fixture's own;
+# the latent is DeepSeek-V3's (kv_lora 512, rope 64, nope 128, v 128), whole on every rank.
+# Experts: a token of Kimi-K2.5 runs 8 routed + 1 shared expert, 9 x 256 = 2304 MLP rows per
+# rank, which is what a batch-1 decode step reads. The fixture routes top-2 of 8, so its shared
+# MLP carries the other 7 x 256 (n_shared 7: one MLP 1792 wide in SGLang and transformers).
+# Fused shared experts are off for 8 routed experts and for Kimi-K2.5's bf16 checkpoint alike
+# (deepseek_v2.py:DeepseekV2ForCausalLM.shared_experts_fusion_disable_reason). Without this the
+# rank would read ~2 B fewer parameters per step than Kimi's; the drafter would look ~1.8x dearer.
 KIMI_K25_TP8_RANK = MlaShape(
-    hidden=7168, q_lora=1536, intermediate=18432 // 8, moe_intermediate=2048 // 8, n_shared=1
+    hidden=7168,
+    q_lora=1536,
+    intermediate=18432 // 8,
+    moe_intermediate=2048 // 8,
+    n_shared=7,
+    kv_lora=512,
+    rope=64,
+    nope=128,
+    v=128,
 )
 
 
@@ -135,29 +179,79 @@ KIMI_K25_TP8_DRAFTER = DrafterRankWidths(
 class MlaWidening:
     small: MlaShape
     big: MlaShape
+    heads: int
+    rope_interleave: bool = True  # DeepSeek's (and transformers') default layout of the pairs
 
     def __post_init__(self) -> None:
+        kept = {
+            f.name: getattr(self.small, f.name)
+            for f in fields(MlaShape)
+            if getattr(self.big, f.name) is None
+        }
+        object.__setattr__(self, "big", replace(self.big, **kept))
         s, b = asdict(self.small), asdict(self.big)
+        # n_shared may grow: SGLang's deepseek_v2 and transformers both build the shared
+        # experts as one MLP of moe_intermediate_size x n_shared_experts ("sinter")
         shrinks = [f"{k} {s[k]} -> {b[k]}" for k in s if b[k] < s[k]]
-        if s["n_shared"] != b["n_shared"]:
-            shrinks.append(f"n_shared {s['n_shared']} -> {b['n_shared']} (must stay)")
         if shrinks:
             raise WidenError(f"cannot widen {self.small} into {self.big}: " + "; ".join(shrinks))
 
+    @classmethod
+    def from_config(cls, small_cfg: Mapping, big: MlaShape) -> MlaWidening:
+        return cls(
+            MlaShape.from_config(small_cfg),
+            big,
+            heads=int(small_cfg["num_attention_heads"]),
+            rope_interleave=bool(small_cfg.get("rope_interleave", True)),
+        )
+
     def widths(self, kind: str) -> tuple[int, int]:
-        s, b = self.small, self.big
+        s, b, h = self.small, self.big, self.heads
         table = {
             "hidden": (s.hidden, b.hidden),
             "qlora": (s.q_lora, b.q_lora),
             "inter": (s.intermediate, b.intermediate),
             "minter": (s.moe_intermediate, b.moe_intermediate),
             "sinter": (s.moe_intermediate * s.n_shared, b.moe_intermediate * b.n_shared),
+            "kvlora": (s.kv_lora, b.kv_lora),
+            "q_heads": (h * (s.nope + s.rope), h * (b.nope + b.rope)),
+            "kv_heads": (h * (s.nope + s.v), h * (b.nope + b.v)),
+            "o_heads": (h * s.v, h * b.v),
+            "kv_a": (s.kv_lora + s.rope, b.kv_lora + b.rope),
         }
         if kind not in table:
             raise WidenError(f"unknown axis kind {kind!r}")
         return table[kind]
 
+    def rope_positions(self) -> torch.Tensor:
+        """Where each small RoPE dimension sits in the big rope width (module docstring)."""
+        small, big = self.small.rope, self.big.rope
+        dims = torch.arange(small)
+        if self.rope_interleave:
+            return dims
+        return torch.where(dims < small // 2, dims, dims - small // 2 + big // 2)
+
     def index(self, kind: str) -> tuple[torch.Tensor, int]:
+        s, b = self.small, self.big
+        _, size = self.widths(kind)
+        # per-head blocks: (small sub-block positions in the big block, big block length)
+        blocks = {
+            "q_heads": (
+                torch.cat([torch.arange(s.nope), b.nope + self.rope_positions()]),
+                b.nope + b.rope,
+            ),
+            "kv_heads": (
+                torch.cat([torch.arange(s.nope), b.nope + torch.arange(s.v)]),
+                b.nope + b.v,
+            ),
+            "o_heads": (torch.arange(s.v), b.v),
+        }
+        if kind in blocks:
+            inner, stride = blocks[kind]
+            heads = torch.arange(self.heads)[:, None] * stride
+            return (heads + inner[None, :]).reshape(-1), size
+        if kind == "kv_a":
+            return torch.cat([torch.arange(s.kv_lora), b.kv_lora + self.rope_positions()]), size
         small, big = self.widths(kind)
         return torch.arange(small), big
 
@@ -169,32 +263,75 @@ class MlaWidening:
     def ratio(self) -> float:
         return self.norm_ratio("hidden")
 
+    def factor(self, name: str) -> float:
+        if name == "softmax":  # (nope + rope) ** -0.5 shrinks; q grows by its inverse
+            s, b = self.small, self.big
+            return math.sqrt((b.nope + b.rope) / (s.nope + s.rope))
+        raise WidenError(f"unknown factor {name!r}")
+
     def widen(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
-        return widen_tensor(self.index, self.norm_ratio, name, tensor, mla_layout(name))
+        out = widen_tensor(self.index, self.norm_ratio, name, tensor, mla_layout(name))
+        scaled = MLA_SCALED.get(_layer_key(name) or "")
+        if scaled is not None and self.factor(scaled) != 1.0:
+            out = (out.float() * self.factor(scaled)).to(tensor.dtype)
+        return out
+
+
+def _layer_key(name: str) -> str | None:
+    match = _LAYER.match(name)
+    return _EXPERT.sub("mlp.experts.*.", match["rest"]) if match else None
 
 
 def mla_layout(name: str) -> tuple[str, ...]:
     if name in MLA_TOP_LAYOUT:
         return MLA_TOP_LAYOUT[name]
-    match = _LAYER.match(name)
-    if match:
-        rest = _EXPERT.sub("mlp.experts.*.", match["rest"])
-        if rest in MLA_LAYER_LAYOUT:
-            return MLA_LAYER_LAYOUT[rest]
+    rest = _layer_key(name)
+    if rest in MLA_LAYER_LAYOUT:
+        return MLA_LAYER_LAYOUT[rest]
     raise WidenError(f"MLA target tensor {name!r} has no declared layout")
 
 
-def widen_mla_config(small: Mapping, big: MlaShape) -> dict:
-    """The big config.json: the four widths and eps divided by the hidden ratio."""
-    ratio = big.hidden / int(small["hidden_size"])
-    return {
+def widen_mla_config(small: Mapping, widening: MlaWidening) -> dict:
+    """The big config.json: the widths, eps divided by the hidden ratio, and rope_theta raised
+    to r'/r when the rope width grows (module docstring)."""
+    big = widening.big
+    out = {
         **small,
         "hidden_size": big.hidden,
         "q_lora_rank": big.q_lora,
         "intermediate_size": big.intermediate,
         "moe_intermediate_size": big.moe_intermediate,
-        "rms_norm_eps": float(small["rms_norm_eps"]) / ratio,
+        "n_shared_experts": big.n_shared,
+        "kv_lora_rank": big.kv_lora,
+        "qk_rope_head_dim": big.rope,
+        "qk_nope_head_dim": big.nope,
+        "v_head_dim": big.v,
+        "rms_norm_eps": float(small["rms_norm_eps"]) / widening.ratio,
     }
+    # transformers' DeepseekV3Config also saves these two derived widths; its rotary embedding
+    # reads head_dim (= the rope width)
+    if "head_dim" in small:
+        out["head_dim"] = big.rope
+    if "qk_head_dim" in small:
+        out["qk_head_dim"] = big.nope + big.rope
+    if big.rope != widening.small.rope:
+        out.update(_widened_rope(small, big.rope / widening.small.rope))
+    return out
+
+
+def _widened_rope(cfg: Mapping, power: float) -> dict:
+    params = cfg.get("rope_parameters")
+    if isinstance(params, Mapping):
+        kind = params.get("rope_type", "default")
+        if kind != "default" or cfg.get("rope_scaling"):
+            raise WidenError(
+                f"rope_parameters.rope_type {kind!r}: only unscaled RoPE keeps its pairs' "
+                "frequencies when qk_rope_head_dim grows; keep the rope width for this model"
+            )
+        return {"rope_parameters": {**params, "rope_theta": float(params["rope_theta"]) ** power}}
+    if cfg.get("rope_scaling"):
+        raise WidenError("rope_scaling is set: only unscaled RoPE can widen qk_rope_head_dim")
+    return {"rope_theta": float(cfg.get("rope_theta", 10000.0)) ** power}
 
 
 def widen_mla_tensors(
@@ -212,13 +349,15 @@ def write_widened_mla_target(small_dir: Path, out_dir: Path, big: MlaShape) -> d
     if out_dir.exists() and any(out_dir.iterdir()):
         raise WidenError(f"{out_dir}: not empty; the widened target needs a new directory")
     small_cfg = json.loads((small_dir / "config.json").read_text())
-    widening = MlaWidening(MlaShape.from_config(small_cfg), big)
+    widening = MlaWidening.from_config(small_cfg, big)
+    config = widen_mla_config(small_cfg, widening)  # refuses what cannot widen, before writing
     index = write_sharded(widen_mla_tensors(load_state(small_dir), widening), out_dir)
-    (out_dir / "config.json").write_text(json.dumps(widen_mla_config(small_cfg, big), indent=2))
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     copy_tokenizer(small_dir, out_dir)
     return {
         "dir": str(out_dir),
-        "shape": asdict(big),
+        "shape": asdict(widening.big),
+        "softmax_q_factor": widening.factor("softmax"),
         "small_shape": asdict(widening.small),
         "ratio": widening.ratio,
         "bytes": index["metadata"]["total_size"],

@@ -242,6 +242,9 @@ def test_widen_stage_keeps_what_the_deep_pair_computes(mla_fixtures, mla_script)
     target_cfg = json.loads((out / "wide-target" / "config.json").read_text())
     assert (target_cfg["hidden_size"], target_cfg["q_lora_rank"]) == (rank.hidden, rank.q_lora)
     assert target_cfg["moe_intermediate_size"] == rank.moe_intermediate
+    latent = ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
+    assert [target_cfg[k] for k in latent] == [rank.kv_lora, rank.rope, rank.nope, rank.v]
+    assert stage["wide_target"]["softmax_q_factor"] == pytest.approx(2**0.5)
     drafter_cfg = json.loads((out / "wide-drafter" / "config.json").read_text())
     layer = drafter_cfg["transformer_layer_config"]
     deep_ids = json.loads((out / "deep-drafter" / "config.json").read_text())[

@@ -53,10 +53,86 @@ def test_the_widened_target_predicts_what_the_small_one_does(small_dir, tmp_path
     assert torch.equal(widened.argmax(-1), small.argmax(-1))
 
 
+def small_model_dir(tmp_path, **config):
+    torch.manual_seed(0)
+    model = build_dsv3({**dsv3_cfg(3, 32, 64, 16, 2, 4, 16, 16, 8, 8, 8), **config}, 96)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(4.0)
+    model.save_pretrained(str(tmp_path / "small"))
+    return tmp_path / "small"
+
+
+# DeepSeek's pairs are interleaved (rope_interleave, the default); the neox layout pads each half.
+@pytest.mark.parametrize("interleave", [True, False])
+def test_the_latent_widens_too_rope_pairs_keep_their_frequencies(tmp_path, interleave):
+    small_dir = small_model_dir(tmp_path, rope_interleave=interleave)
+    big = wm.MlaShape(64, 32, 128, 48, kv_lora=32, rope=16, nope=48, v=16)
+    info = wm.write_widened_mla_target(small_dir, tmp_path / "big", big)
+    config = json.loads((tmp_path / "big" / "config.json").read_text())
+    latent = [config[k] for k in ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim")]
+    assert latent + [config["v_head_dim"]] == [32, 16, 48, 16]
+    assert config["rope_parameters"]["rope_theta"] == pytest.approx(1e8)  # theta ** (16/8)
+    assert config["rope_interleave"] is interleave
+    assert info["softmax_q_factor"] == pytest.approx(2.0)  # sqrt((48 + 16) / (8 + 8))
+    ids = torch.randint(0, 96, (1, 40), generator=torch.Generator().manual_seed(1))
+    small, widened = logits(small_dir, ids), logits(tmp_path / "big", ids)
+    torch.testing.assert_close(widened, small, atol=2e-4, rtol=1e-4)
+    assert torch.equal(widened.argmax(-1), small.argmax(-1))
+
+
+def test_the_shared_experts_grow_as_one_mlp(tmp_path):
+    """KIMI_K25_TP8_RANK matches a Kimi token's 9 experts of MLP with the fixture's top-2 routed
+    and a shared MLP of 7: n_shared_experts grows, and the function stays."""
+    small_dir = small_model_dir(tmp_path)
+    big = wm.MlaShape(64, 32, 128, 48, n_shared=3)
+    wm.write_widened_mla_target(small_dir, tmp_path / "big", big)
+    config = json.loads((tmp_path / "big" / "config.json").read_text())
+    assert config["n_shared_experts"] == 3
+    ids = torch.randint(0, 96, (1, 40), generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(
+        logits(tmp_path / "big", ids), logits(small_dir, ids), atol=2e-4, rtol=1e-4
+    )
+    assert wm.KIMI_K25_TP8_RANK.moe_intermediate * (2 + wm.KIMI_K25_TP8_RANK.n_shared) == 2304
+
+
+def test_a_rope_width_change_without_its_theta_breaks_the_function(tmp_path):
+    """The theta rule is what keeps the function: the same widening with theta left alone
+    moves every trained pair but the first onto another frequency."""
+    small_dir = small_model_dir(tmp_path)
+    big = wm.MlaShape(64, 32, 128, 48, rope=16)
+    wm.write_widened_mla_target(small_dir, tmp_path / "big", big)
+    config_path = tmp_path / "big" / "config.json"
+    config = json.loads(config_path.read_text())
+    config["rope_parameters"]["rope_theta"] = 10000.0
+    config_path.write_text(json.dumps(config))
+    ids = torch.randint(0, 96, (1, 40), generator=torch.Generator().manual_seed(1))
+    gap = (logits(small_dir, ids) - logits(tmp_path / "big", ids)).abs().max()
+    assert gap > 1e-2
+
+
+def test_scaled_rope_is_not_widened(tmp_path):
+    small_dir = small_model_dir(tmp_path)
+    config_path = small_dir / "config.json"
+    config = json.loads(config_path.read_text())
+    config["rope_parameters"] = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0}
+    config_path.write_text(json.dumps(config))
+    with pytest.raises(WidenError, match="rope_type 'yarn'"):
+        wm.write_widened_mla_target(
+            small_dir, tmp_path / "big", wm.MlaShape(64, 32, 128, 48, rope=16)
+        )
+    assert not (tmp_path / "big").exists()  # refused before anything is written
+    # the rope width kept: yarn stays as trained, and the widening goes through
+    wm.write_widened_mla_target(small_dir, tmp_path / "kept", wm.MlaShape(64, 32, 128, 48))
+
+
 def test_unknown_tensors_and_shrinking_widths_are_refused(small_dir):
-    small = wm.MlaShape.from_config(json.loads((small_dir / "config.json").read_text()))
+    config = json.loads((small_dir / "config.json").read_text())
     with pytest.raises(WidenError, match="q_lora 16 -> 8"):
-        wm.MlaWidening(small, wm.MlaShape(64, 8, 128, 48))
+        wm.MlaWidening.from_config(config, wm.MlaShape(64, 8, 128, 48))
+    with pytest.raises(WidenError, match="kv_lora 16 -> 8"):
+        wm.MlaWidening.from_config(config, wm.MlaShape(64, 16, 128, 48, kv_lora=8))
     with pytest.raises(WidenError, match="no declared layout"):
         wm.mla_layout("model.layers.0.mlp.router_bias")
     assert wm.mla_layout("model.layers.2.mlp.experts.3.down_proj.weight") == ("hidden", "minter")
