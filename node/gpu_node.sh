@@ -43,9 +43,10 @@
 #   bash node/gpu_node.sh seed-shape-bench [args]
 #                                              bench_speed on the wide pair -> $OUT (chain
 #                                              3/1/4, 5/1/6, the seed's tree 3/4/5, 4/4/8;
-#                                              batches 1 4; fa3 unless args say), the same
-#                                              with dummy weights (the cycle costs), and
-#                                              sglang-ext tune checked against the first
+#                                              batch 1; fa3 unless args say; two servers at
+#                                              a time), the same with dummy weights (the
+#                                              cycle costs), and sglang-ext tune (with the
+#                                              target's config) checked against the first
 #
 # Where a verify cycle's time goes (stock SGLang, dummy 8B-shaped weights, tau ~ 1):
 #   bash node/gpu_node.sh dummy-profile-start  carry .wh/s1: start the profile detached; then
@@ -291,7 +292,7 @@ seed-shape-pipeline)
     while [ ! -f "$INSTALLED" ]; do sleep 2; done
     if [ "$ok" = 1 ]; then
         # shellcheck disable=SC2086  # bench flags, split on purpose
-        OUT="$SEED/result" PYTHONPATH="$SITE" timeout -s INT "${SEED_BENCH_LIMIT:-900}" \
+        OUT="$SEED/result" PYTHONPATH="$SITE" timeout -s INT "${SEED_BENCH_LIMIT:-1000}" \
             bash node/gpu_node.sh seed-shape-bench ${SEED_BENCH_ARGS:-} || true
         touch "$SEED/DONE"
     else
@@ -300,17 +301,23 @@ seed-shape-pipeline)
     ;;
 seed-shape-bench)
     # The trained wide pair (acceptance records per server for `sglang-ext tune`), then the
-    # same settings with dummy weights (zero acceptance: the cycle costs the advisor reads),
-    # then the advisor checked against the measured matrix. Sized for one session: the wide
-    # target decodes ~125 tok/s at batch 1, so 16 prompts x 128 tokens, 2 rounds.
+    # same settings with dummy weights (zero acceptance: the cycle costs the advisor reads,
+    # with the target's config for the MoE fan-out dummy routing hides), then the advisor
+    # checked against the measured matrix. Sized for one session: the wide target decodes
+    # ~110 tok/s at batch 1 (H200, fa3, 2026-12-02), so 16 prompts x 128 tokens, 2 rounds.
+    # Two servers at a time at 0.40: five ~13 GB servers starting together at 0.13 failed
+    # SGLang 0.5.23's KV-cache check, which counts the others' weights loading meanwhile as
+    # this server's (mem_cache/kv_cache_configurator.py:_profile_available_bytes asked for
+    # 0.30-0.34); baseline + one group at a time served (~70 s per group start).
     mkdir -p "$OUT"
+    cp "$MLA/wide-target/config.json" "$OUT/wide-target-config.json"
     wide() {
         python3 -m sglang_ext_tools.bench_speed --target "$MLA/wide-target" \
             --drafter "$MLA/wide-drafter" --prompts "$MLA/prompts.jsonl" \
             --settings 3,1,4 5,1,6 3,4,5 4,4,8 --attention-backend fa3 --max-new-tokens 128 \
-            --batch1-requests 16 "$@"
+            --batch1-requests 16 --at-once 2 --mem-fraction 0.40 --startup-timeout 300 "$@"
     }
-    wide --batches 1 4 --rounds 2 --fixtures-json "$MLA/mla-fixtures.json" \
+    wide --batches 1 --rounds 2 --fixtures-json "$MLA/mla-fixtures.json" \
         --acceptance-dir "$LOGS/acceptance" --log-dir "$LOGS" --out-json "$OUT/seed-shape.json" \
         --out-png "$OUT/seed-shape.png" "$@" 2>&1 | tee "$OUT/bench.log"
     status=${PIPESTATUS[0]}
@@ -325,7 +332,7 @@ sys.exit(0 if any(s["status"] == "ready" for s in d["servers"]) else 1)' "$OUT/s
         backend=triton
         mv "$OUT/seed-shape.json" "$OUT/seed-shape-fa3-failed.json"
         rm -rf "$LOGS/acceptance"
-        wide --batches 1 4 --rounds 2 --fixtures-json "$MLA/mla-fixtures.json" \
+        wide --batches 1 --rounds 2 --fixtures-json "$MLA/mla-fixtures.json" \
             --acceptance-dir "$LOGS/acceptance" --log-dir "$LOGS/triton" \
             --out-json "$OUT/seed-shape.json" --out-png "$OUT/seed-shape.png" "$@" \
             --attention-backend triton 2>&1 | tee -a "$OUT/bench.log"
@@ -334,11 +341,13 @@ sys.exit(0 if any(s["status"] == "ready" for s in d["servers"]) else 1)' "$OUT/s
     # --profile: one traced batch-1 request per server splits the cycle (target graph, draft
     # graphs, other kernels, idle; trace_breakdown), the evidence for where tree 3/4/5's extra
     # cost over chain 3/1/4 goes (issue #24, step 3)
-    wide --batches 1 --rounds 1 --server-args "--load-format dummy" --log-dir "$LOGS/probe" \
+    wide --batches 1 --rounds 2 --batch1-requests 8 --server-args "--load-format dummy" \
+        --log-dir "$LOGS/probe" \
         --profile --attention-backend "$backend" --out-json "$OUT/seed-shape-probe.json" 2>&1 \
         | tee -a "$OUT/bench.log" || true
     python3 -m sglang_ext.cli tune "$LOGS"/acceptance/*.jsonl --costs "$OUT/seed-shape-probe.json" \
-        --against "$OUT/seed-shape.json" --json >"$OUT/advisor.json" 2>>"$OUT/bench.log" || true
+        --target-config "$MLA/wide-target/config.json" --against "$OUT/seed-shape.json" --json \
+        >"$OUT/advisor.json" 2>>"$OUT/bench.log" || true
     # traces stay out (tens of MB; bench_speed puts their breakdown in its JSON's `profiles`)
     tar -czf "$OUT/server-logs.tgz" --exclude="*.trace.json.gz" -C "$LOGS" . 2>/dev/null
     exit "$status"
@@ -349,7 +358,8 @@ seed-shape-wait)
     tail -n 25 "$SEED/result/bench.log" 2>/dev/null
     cp "$MLA/mla-fixtures.json" "$OUT"/ 2>/dev/null || true
     cp "$SEED"/result/seed-shape.json "$SEED"/result/seed-shape.png "$OUT"/ 2>/dev/null || true
-    cp "$SEED"/result/seed-shape-probe.json "$SEED"/result/advisor.json "$OUT"/ 2>/dev/null || true
+    cp "$SEED"/result/seed-shape-probe.json "$SEED"/result/advisor.json \
+        "$SEED"/result/wide-target-config.json "$OUT"/ 2>/dev/null || true
     cp "$SEED/result/server-logs.tgz" "$OUT"/ 2>/dev/null || true
     nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
     [ -f "$SEED/DONE" ]
@@ -507,6 +517,9 @@ one-install)
     bundle=${1:?usage: gpu_node.sh one-install BUNDLE_NAME [DEVICE_SECONDS_LEFT]}
     # The lease's device time left at this call (its budget_left_s): the soak sizes itself to
     # it (tests/gpu/harness.py soak_seconds).
+    # (seed-shape-start and speed-one-start have no $SUITE: the 2026-12-02 session's first
+    # one-install stopped here, before joining anything)
+    mkdir -p "$SUITE"
     if [ -n "${2:-}" ]; then echo $(($(date +%s) + $2)) >"$SUITE/DEADLINE"; fi
     python3 node/ferry.py join "/tmp/ferry/$bundle/manifest.json" --parts "/tmp/ferry/$bundle" \
         --out /tmp

@@ -4,11 +4,14 @@ acceptance) over each setting's cycle cost; the best is recommended."""
 from __future__ import annotations
 
 import json
+import tarfile
+from pathlib import Path
 
 import pytest
 
 from sglang_ext.cli import main
 from sglang_ext.cli import tune as t
+from sglang_ext.cli.moe_fanout import FanoutConfigError, MoeFanout
 from sglang_ext.metrics.acceptance import build_record, histogram_from_steps
 
 
@@ -161,3 +164,69 @@ def test_the_command_checks_itself_against_a_bench_result(tmp_path, capsys):
     assert main(["tune", str(records), "--costs", str(costs), "--against", str(measured_path)]) == 0
     out = capsys.readouterr().out
     assert "ranking matches" in out and "largest error 0.0 %" in out and ": pass" in out
+
+
+def test_a_real_bench_result_has_a_settings_list_too():
+    """bench_speed writes "settings": [[3, 1, 4], ...] beside "rows" (the H200 probe of
+    2026-12-02 crashed tune with an AttributeError); its dummy load format is read off."""
+    data = bench_result({"3/1/4": 0.9}, {"3/1/4": 1.12})
+    data |= {"settings": [[3, 1, 4]], "server_extra_args": ["--load-format", "dummy"]}
+    costs = t.read_cost_file(data, "probe.json")
+    assert costs.by_setting == {t.Setting(3, 1, 4): 1.12} and costs.dummy_target is True
+    data["server_extra_args"] = []
+    assert t.read_cost_file(data, "probe.json").dummy_target is False
+    assert t.read_cost_file(COSTS, "c.json").dummy_target is None
+    with pytest.raises(t.TuneInputError, match=r"settings\[0\]: expected an object"):
+        t.read_cost_file({"settings": [[3, 1, 4]]}, "c.json")
+
+
+RESULTS = Path(__file__).parent / "gpu" / "results"
+SEED = RESULTS / "seed-shape-2026-12-02-nvidia-h200-sglang0.5.23"
+
+
+def test_the_fanout_term_on_the_h200_seed_shape_run(tmp_path, capsys):
+    """The committed H200 run at one TP8 rank of Kimi-K2.5 (issue #24): the dummy probe's
+    costs plus the fan-out of the target's config predict the trained matrix; without the
+    config the advice misses by ~20 % and says why."""
+    records = tmp_path / "acceptance"
+    with tarfile.open(f"{SEED}-bench-server-logs.tgz") as tar:
+        tar.extractall(records, filter="data")
+    files = sorted(str(p) for p in (records / "acceptance").glob("*.jsonl"))
+    assert len(files) == 2
+    args = ["tune", *files, "--costs", f"{SEED}-probe-dummy.json", "--against",
+            f"{SEED}-bench.json", "--json"]  # fmt: skip
+    assert main(args) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert not plain["check"]["pass"] and plain["check"]["max_abs_relative_error"] > 0.15
+    assert "pass --target-config" in plain["costs_note"]
+    config = RESULTS / "seed-shape-2026-12-02-wide-target-config.json"
+    assert main([*args, "--target-config", str(config)]) == 0
+    fanned = json.loads(capsys.readouterr().out)
+    assert fanned["check"]["pass"] and fanned["check"]["rank_match"], fanned["check"]
+    assert fanned["recommended"] == "3/1/4"
+    rows = {r["setting"]: r for r in fanned["rows"]}
+    measured = json.loads(Path(f"{SEED}-bench.json").read_text())["rows"]
+    chain = next(r for r in measured if (r["steps"], r["topk"]) == (3, 1))
+    assert rows["3/1/4"]["cycle_cost"] == pytest.approx(chain["tau"] / chain["speedup"], rel=0.01)
+
+
+def test_fanout_from_a_deepseek_config():
+    cfg = json.loads((RESULTS / "seed-shape-2026-12-02-wide-target-config.json").read_text())
+    fan = MoeFanout.from_config(cfg, "config.json")
+    assert fan.distinct_experts(1) == pytest.approx(2.0)
+    assert fan.distinct_experts(4) == pytest.approx(8 * (1 - 0.75**4))
+    assert fan.extra_decode_steps(1) == pytest.approx(0.0)
+    assert 0.2 < fan.extra_decode_steps(4) < fan.extra_decode_steps(5) < 0.35
+    # Kimi-K2.5 nests its text model; 384 experts top-8 at TP8 fan out far more
+    kimi = {**cfg, "n_routed_experts": 384, "num_experts_per_tok": 8, "n_shared_experts": 1,
+            "num_attention_heads": 64, "moe_intermediate_size": 2048,
+            "intermediate_size": 18432}  # fmt: skip
+    big = MoeFanout.from_config({"text_config": kimi}, "kimi.json", tp=8)
+    assert big.experts_per_token == 8 and big.extra_decode_steps(4) > 3 * fan.extra_decode_steps(4)
+    assert MoeFanout.from_config({"hidden_size": 8, "num_hidden_layers": 2}, "dense.json") is None
+    with pytest.raises(FanoutConfigError, match="outside the DeepSeek-V3 family"):
+        MoeFanout.from_config({"num_experts": 8, "num_experts_per_tok": 2}, "qwen.json")
+    with pytest.raises(FanoutConfigError, match="kimi.json: field 'moe_intermediate_size'"):
+        MoeFanout.from_config({**kimi, "moe_intermediate_size": "2048"}, "kimi.json")
+    with pytest.raises(FanoutConfigError, match="tensor parallelism 3"):
+        MoeFanout.from_config(kimi, "kimi.json", tp=3)

@@ -99,6 +99,15 @@ def build_parser(json_errors: bool = False) -> argparse.ArgumentParser:
         help="a bench_speed result of the same settings: check the advice against it (ranking "
         "at batch 1 and each predicted speedup within 10 %%)",
     )
+    tune.add_argument(
+        "--target-config",
+        type=Path,
+        help="the target's config.json: an MoE target's verify fan-out is added to costs "
+        "probed on dummy weights (which route every token to the same experts)",
+    )
+    tune.add_argument(
+        "--tp", type=int, default=1, help="the target's tensor parallelism (with --target-config)"
+    )
     tune.add_argument("--json", action="store_true", help="machine-readable advice")
 
     sub.add_parser(

@@ -24,18 +24,24 @@ Cycle costs come from a ``{"settings": [...]}`` file or straight from a
 predicted ranking of the settings both have against the measured one at batch 1, and each
 predicted speedup's relative error (the setting advisor's acceptance test: same ranking,
 every error within 10 %).
+An MoE target probed on dummy weights (``--load-format dummy``) routes every token to the
+same experts, so its probe misses what verifying several tokens reads in experts; with
+``--target-config`` (the target's config.json, ``--tp`` its tensor parallelism) each
+setting's cost gains that fan-out (:mod:`sglang_ext.cli.moe_fanout`), shown per row.
 Imports nothing of SGLang; reads only the files it is given.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sglang_ext.cli import exit_codes
+from sglang_ext.cli.moe_fanout import FanoutConfigError, MoeFanout
 from sglang_ext.metrics.acceptance import pooled_per_position, sglang_aggregate
 
 
@@ -133,8 +139,8 @@ def read_json(path: Path) -> Any:
 
 def read_costs(path: Path) -> dict[Setting, float]:
     """Cycle costs in decode steps from a file: {"settings": [{"steps", "topk",
-    "draft_tokens", "cycle_cost"}, ...]} (other keys, e.g. where they were measured, ignored),
-    or a bench_speed result."""
+    "draft_tokens", "cycle_cost"}, ...], "target_weights": "dummy" | "trained" (optional)}
+    (other keys, e.g. where they were measured, ignored), or a bench_speed result."""
     return read_costs_from(read_json(path), str(path))
 
 
@@ -161,8 +167,33 @@ def bench_rows(data: Any, path: str, batch: int = 1) -> dict[Setting, Mapping[st
     return out
 
 
+DUMMY_LOAD = re.compile(r"--load-format[= ]dummy\b")
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Cycle costs per setting, and whether they were probed on dummy target weights (None:
+    the file does not say)."""
+
+    by_setting: dict[Setting, float]
+    dummy_target: bool | None
+
+
+def is_bench_result(data: Any) -> bool:
+    # bench_speed results carry "rows" (and a "settings" list of [steps, topk, draft] too)
+    return isinstance(data, dict) and isinstance(data.get("rows"), list)
+
+
 def read_costs_from(data: Any, path: str = "<costs>") -> dict[Setting, float]:
-    if isinstance(data, dict) and "rows" in data and "settings" not in data:
+    return read_cost_file(data, path).by_setting
+
+
+def read_cost_file(data: Any, path: str = "<costs>") -> Costs:
+    dummy = None
+    if is_bench_result(data):
+        extra = data.get("server_extra_args") or ""
+        extra = " ".join(map(str, extra)) if isinstance(extra, list) else str(extra)
+        dummy = bool(DUMMY_LOAD.search(extra))
         data = {  # a bench_speed result: each row's measured cycle cost
             "settings": [
                 {
@@ -177,9 +208,16 @@ def read_costs_from(data: Any, path: str = "<costs>") -> dict[Setting, float]:
     rows = data.get("settings") if isinstance(data, dict) else None
     if not isinstance(rows, list) or not rows:
         raise TuneInputError(f"{path}: expected a non-empty list under 'settings'")
+    if dummy is None and isinstance(data.get("target_weights"), str):
+        dummy = data["target_weights"] == "dummy"
     costs = {}
     for index, row in enumerate(rows):
         where = f"{path}: settings[{index}]"
+        if not isinstance(row, Mapping):
+            raise TuneInputError(
+                f"{where}: expected an object with steps, topk, draft_tokens "
+                f"and cycle_cost, found {row!r}"
+            )
         setting = Setting(*(_field(row, k, where) for k in ("steps", "topk", "draft_tokens")))
         cost = row.get("cycle_cost")
         if not isinstance(cost, (int, float)) or isinstance(cost, bool) or cost < 1.0:
@@ -188,15 +226,22 @@ def read_costs_from(data: Any, path: str = "<costs>") -> dict[Setting, float]:
                 f"cycle; a cycle cannot cost less than the step it verifies), found {cost!r}"
             )
         costs[setting] = float(cost)
-    return costs
+    return Costs(costs, dummy)
 
 
-def advise(found: Mapping[Setting, Mapping[str, Any]], costs: Mapping[Setting, float]) -> dict:
-    """One row per costed setting (tau measured, predicted or None), best first."""
+def advise(
+    found: Mapping[Setting, Mapping[str, Any]],
+    costs: Mapping[Setting, float],
+    fanout: MoeFanout | None = None,
+) -> dict:
+    """One row per costed setting (tau measured, predicted or None), best first; ``fanout``
+    adds an MoE target's verify fan-out to costs probed on dummy weights."""
     chains = [s for s in found if s.is_chain]
     base = max(chains, key=lambda s: s.steps) if chains else None
     rows = []
-    for setting, cost in costs.items():
+    for setting, probed in costs.items():
+        extra = fanout.extra_decode_steps(setting.draft_tokens) if fanout else 0.0
+        cost = probed + extra
         if setting in found and found[setting]["tau"] is not None:
             tau, source = found[setting]["tau"], f"measured ({found[setting]['requests']} requests)"
         elif setting.is_chain and base is not None:
@@ -212,6 +257,8 @@ def advise(found: Mapping[Setting, Mapping[str, Any]], costs: Mapping[Setting, f
                 "speedup": tau / cost if tau is not None else None,
                 "eta": 1.0 / cost,
                 "tau_source": source,
+                "probe_cost": probed,
+                "moe_fanout": round(extra, 4),
             }
         )
     rows.sort(key=lambda r: (r["speedup"] is None, -(r["speedup"] or 0.0), r["setting"]))
@@ -259,6 +306,9 @@ def render(advice: Mapping[str, Any]) -> str:
             f"{r['setting']:<10} {tau:>6} {r['cycle_cost']:>6.3f} {speed:>8} {r['eta']:>5.2f}  "
             f"{r['tau_source']}"
         )
+    note = advice.get("costs_note")
+    if note:
+        lines.append(note)
     best = advice["recommended"]
     if best is None:
         lines.append("no setting has a tau: serve a chain with the plugin and pass its records")
@@ -281,13 +331,43 @@ def render(advice: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def fanout_for(costs: Costs, config_path: Path | None, tp: int) -> tuple[MoeFanout | None, str]:
+    """The fan-out to add (None: none) and one line saying why."""
+    if config_path is None:
+        if costs.dummy_target is False:
+            return None, ""
+        return None, (
+            "costs probed on dummy target weights: an MoE target's verify fan-out is not in "
+            "them (pass --target-config)"
+            if costs.dummy_target
+            else ""
+        )
+    fanout = MoeFanout.from_config(read_json(config_path), str(config_path), tp)
+    if fanout is None:
+        return None, f"{config_path}: a dense target; no verify fan-out"
+    if costs.dummy_target is False:
+        return None, "costs probed on the trained target: its fan-out is in them already"
+    said = "" if costs.dummy_target else " (assumed: the cost file does not say)"
+    return fanout, (
+        f"cycle = probed cost on dummy target weights{said} + MoE verify fan-out: "
+        f"{fanout.experts} experts, top-{fanout.experts_per_token}, {fanout.moe_layers} MoE "
+        f"layers; n tokens read N(1-(1-k/N)^n) experts per layer (sglang_ext.cli.moe_fanout)"
+    )
+
+
 def main(args) -> int:
     try:
-        advice = advise(measured(read_records(args.acceptance)), read_costs(args.costs))
+        costs = read_cost_file(read_json(args.costs), str(args.costs))
+        fanout, note = fanout_for(
+            costs, getattr(args, "target_config", None), getattr(args, "tp", 1)
+        )
+        advice = advise(measured(read_records(args.acceptance)), costs.by_setting, fanout)
+        if note:
+            advice["costs_note"] = note
         against = getattr(args, "against", None)
         if against is not None:
             advice["check"] = check_against(advice, bench_rows(read_json(against), str(against)))
-    except TuneInputError as exc:
+    except (TuneInputError, FanoutConfigError) as exc:
         return exit_codes.fail("tune", exc)
     exit_codes.emit(json.dumps(advice, indent=2) if args.json else render(advice))
     return exit_codes.OK

@@ -1,0 +1,121 @@
+"""What verifying n tokens at once costs an MoE target beyond one decode step: expert fan-out.
+
+At batch 1 a decode step is bound by the weight bytes it reads. One token reads its top-k
+routed experts per MoE layer; a verify pass over n draft tokens reads every expert any of them
+routes to -- with N experts and uniform routing, N * (1 - (1 - k/N) ** n) of them. A dense
+target reads the same weights for 1 token or n, so this term is zero there.
+
+A zero-acceptance probe with ``--load-format dummy`` does not see the term:
+``sglang/srt/model_loader/weight_utils.py:initialize_dummy_weights`` fills every weight,
+norms and router included, with U(-1e-3, 1e-3), so the router's scores are all ~sigmoid(0)
+and its correction bias picks the same experts for every token. Measured on one H200 at one
+TP8 rank of Kimi-K2.5's shape (8 routed top-2, issue #24, 2026-12-02): chain 3/1/4 costs 1.123
+decode steps on dummy weights and 1.370 with the trained ones; this term predicts 0.246 of
+the 0.247 difference.
+
+The estimate is one of bytes only (``extra_decode_steps``: the fan-out's expert parameters
+over the parameters one decode step reads, for the part of the model one GPU holds at tensor
+parallelism ``tp``); it ignores KV-cache reads (small at short contexts) and assumes uniform
+routing. DeepSeek-V3-family configs (DeepSeek-V3, Kimi-K2.5's ``text_config``) are read;
+another MoE layout is refused by name rather than guessed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sglang_ext.cli import exit_codes
+
+
+class FanoutConfigError(exit_codes.InputError):
+    """A target config.json whose MoE layout cannot be read (names the field)."""
+
+
+_MOE_MARKERS = ("n_routed_experts", "num_experts", "num_local_experts")
+
+
+def _int(cfg: Mapping[str, Any], name: str, where: str) -> int:
+    value = cfg.get(name)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise FanoutConfigError(f"{where}: field {name!r} must be an integer >= 0, found {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class MoeFanout:
+    moe_layers: int
+    experts: int
+    experts_per_token: int
+    expert_params: int  # one routed expert's gate, up and down on this GPU
+    decode_params: int  # what one decode step reads on this GPU
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], where: str, tp: int = 1) -> MoeFanout | None:
+        """None for a dense target; the DeepSeek-V3 family's fields otherwise."""
+        cfg = config.get("text_config", config)  # Kimi-K2.5 nests its DeepSeek-V3 text model
+        if not isinstance(cfg, Mapping) or not any(k in cfg for k in _MOE_MARKERS):
+            return None
+        if "n_routed_experts" not in cfg or "kv_lora_rank" not in cfg:
+            found = next(k for k in _MOE_MARKERS if k in cfg)
+            raise FanoutConfigError(
+                f"{where}: an MoE config ({found!r}) outside the DeepSeek-V3 family (no "
+                "'n_routed_experts' with MLA 'kv_lora_rank'); its verify fan-out is not modelled"
+            )
+        f = {
+            k: _int(cfg, k, where)
+            for k in (
+                "hidden_size",
+                "num_hidden_layers",
+                "first_k_dense_replace",
+                "n_routed_experts",
+                "num_experts_per_tok",
+                "moe_intermediate_size",
+                "intermediate_size",
+                "num_attention_heads",
+                "kv_lora_rank",
+                "qk_rope_head_dim",
+                "qk_nope_head_dim",
+                "v_head_dim",
+                "vocab_size",
+            )
+        }
+        q_lora = cfg.get("q_lora_rank") or 0
+        shared = cfg.get("n_shared_experts") or 0
+        if tp < 1 or f["num_attention_heads"] % tp or f["moe_intermediate_size"] % tp:
+            raise FanoutConfigError(
+                f"{where}: tensor parallelism {tp} does not divide num_attention_heads "
+                f"{f['num_attention_heads']} and moe_intermediate_size {f['moe_intermediate_size']}"
+            )
+        h, heads = f["hidden_size"], f["num_attention_heads"] // tp
+        qk = f["qk_nope_head_dim"] + f["qk_rope_head_dim"]
+        q = q_lora * h + heads * qk * q_lora if q_lora else heads * qk * h
+        attention = (
+            q
+            + (f["kv_lora_rank"] + f["qk_rope_head_dim"]) * h
+            + heads * (f["qk_nope_head_dim"] + f["v_head_dim"]) * f["kv_lora_rank"]
+            + h * heads * f["v_head_dim"]
+        )
+        expert = 3 * h * f["moe_intermediate_size"] // tp
+        dense_layers = min(f["first_k_dense_replace"], f["num_hidden_layers"])
+        moe_layers = f["num_hidden_layers"] - dense_layers
+        per_token = f["num_experts_per_tok"]
+        decode = (
+            f["num_hidden_layers"] * attention
+            + dense_layers * 3 * h * f["intermediate_size"] // tp
+            + moe_layers * (per_token + shared) * expert
+            + f["vocab_size"] * h // tp
+        )
+        return cls(moe_layers, f["n_routed_experts"], per_token, expert, decode)
+
+    def distinct_experts(self, tokens: int) -> float:
+        """Expected experts per MoE layer that ``tokens`` tokens route to (uniform routing)."""
+        n, k = self.experts, self.experts_per_token
+        return n * (1.0 - (1.0 - k / n) ** tokens)
+
+    def extra_decode_steps(self, tokens: int) -> float:
+        """A verify pass over ``tokens`` tokens reads this many decode steps' worth of weights
+        more than one token's experts."""
+        fresh = self.distinct_experts(tokens) - self.experts_per_token
+        return self.moe_layers * fresh * self.expert_params / self.decode_params
