@@ -305,17 +305,20 @@ seed-shape-bench)
     # with the target's config for the MoE fan-out dummy routing hides), then the advisor
     # checked against the measured matrix. Sized for one session: the wide target decodes
     # ~110 tok/s at batch 1 (H200, fa3, 2026-12-02), so 16 prompts x 128 tokens, 2 rounds.
-    # Two servers at a time at 0.40: five ~13 GB servers starting together at 0.13 failed
-    # SGLang 0.5.23's KV-cache check, which counts the others' weights loading meanwhile as
-    # this server's (mem_cache/kv_cache_configurator.py:_profile_available_bytes asked for
-    # 0.30-0.34); baseline + one group at a time served (~70 s per group start).
+    # Five ~13 GB servers starting together at 0.13 failed SGLang 0.5.23's KV-cache check,
+    # which counts the others' weights loading meanwhile as this server's
+    # (mem_cache/kv_cache_configurator.py:_profile_available_bytes asked for 0.30-0.34). The
+    # split-expert target is ~25 GB: three servers at a time (baseline + two), each pool fixed
+    # by --max-total-tokens so a high fraction passes that check without reserving memory
+    # (launch.Server.max_total_tokens: the GPU suite's 19 servers start that way).
     mkdir -p "$OUT"
     cp "$MLA/wide-target/config.json" "$OUT/wide-target-config.json"
     wide() {
         python3 -m sglang_ext_tools.bench_speed --target "$MLA/wide-target" \
             --drafter "$MLA/wide-drafter" --prompts "$MLA/prompts.jsonl" \
             --settings 3,1,4 5,1,6 3,4,5 4,4,8 --attention-backend fa3 --max-new-tokens 128 \
-            --batch1-requests 16 --at-once 2 --mem-fraction 0.40 --startup-timeout 300 "$@"
+            --batch1-requests 16 --at-once 3 --mem-fraction 0.6 --max-total-tokens 16384 \
+            --startup-timeout 300 "$@"
     }
     wide --batches 1 --rounds 2 --fixtures-json "$MLA/mla-fixtures.json" \
         --acceptance-dir "$LOGS/acceptance" --log-dir "$LOGS" --out-json "$OUT/seed-shape.json" \

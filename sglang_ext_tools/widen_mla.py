@@ -25,8 +25,10 @@ sqrt(r) and ``rms_norm_eps`` by r), per axis of the MLA + MoE layer:
   - the softmax scale, (nope + rope) ** -0.5 in SGLang and transformers alike, shrinks when
     nope + rope grows; q_b_proj is multiplied by sqrt((nope' + rope') / (nope + rope)) so
     q.k * scale is unchanged (one bf16 rounding of q_b_proj; the function check measures it).
-- heads, the expert count, the router's output and its correction bias, and the vocabulary
-  are kept.
+- heads and the vocabulary are kept; so are the experts, unless ``expert_split`` asks for
+  each to become several smaller ones (``split_experts``: the router's rows repeated, top-k
+  and routed_scaling_factor multiplied, the same function with Kimi-K2.5's count of expert
+  rows per token).
 
 Why widen the latent: the small fixture's latent (kv_lora 256 + rope 32, nope and v 32) is
 what SGLang's triton MLA decode takes, but FA3 and FlashMLA -- SGLang's picks for DeepSeek on
@@ -106,6 +108,8 @@ class MlaShape:
     rope: int | None = None
     nope: int | None = None
     v: int | None = None
+    # each routed expert becomes this many (split_experts): more experts per token, same MLP
+    expert_split: int = 1
 
     @classmethod
     def from_config(cls, cfg: Mapping) -> MlaShape:
@@ -133,7 +137,7 @@ class MlaShape:
 # Fused shared experts are off for 8 routed experts and for Kimi-K2.5's bf16 checkpoint alike
 # (deepseek_v2.py:DeepseekV2ForCausalLM.shared_experts_fusion_disable_reason). Without this the
 # rank would read ~2 B fewer parameters per step than Kimi's; the drafter would look ~1.8x dearer.
-KIMI_K25_TP8_RANK = MlaShape(
+KIMI_K25_TP8_RANK_SHARED7 = MlaShape(
     hidden=7168,
     q_lora=1536,
     intermediate=18432 // 8,
@@ -144,6 +148,14 @@ KIMI_K25_TP8_RANK = MlaShape(
     nope=128,
     v=128,
 )
+# The 2026-12-02 H200 run served the shape above. Its trained chain cost 1.37 decode steps
+# where dummy weights said 1.12: a verify pass reads every expert its tokens route to, and a
+# shared MLP carrying 7 of the 9 experts hides most of that fan-out (sglang_ext.cli.moe_fanout).
+# So the rank shape now keeps Kimi-K2.5's expert layout per token instead: each of the
+# fixture's 8 trained experts split in 4 (split_experts), 32 experts of 256 with top-8 routed
+# plus 1 shared of 256 -- Kimi's bytes per decode token, and a fan-out in Kimi's units (4
+# tokens read ~22 of 32 parts here, ~31 of 384 experts there).
+KIMI_K25_TP8_RANK = replace(KIMI_K25_TP8_RANK_SHARED7, n_shared=1, expert_split=4)
 
 
 @dataclass(frozen=True)
@@ -190,9 +202,17 @@ class MlaWidening:
         }
         object.__setattr__(self, "big", replace(self.big, **kept))
         s, b = asdict(self.small), asdict(self.big)
-        # n_shared may grow: SGLang's deepseek_v2 and transformers both build the shared
-        # experts as one MLP of moe_intermediate_size x n_shared_experts ("sinter")
-        shrinks = [f"{k} {s[k]} -> {b[k]}" for k in s if b[k] < s[k]]
+        # n_shared is checked as the width it makes: SGLang's deepseek_v2 and transformers both
+        # build the shared experts as one MLP of moe_intermediate_size x n_shared_experts
+        # ("sinter"); expert_split is applied before widening (split_experts)
+        shrinks = [
+            f"{k} {s[k]} -> {b[k]}"
+            for k in s
+            if k not in ("n_shared", "expert_split") and b[k] < s[k]
+        ]
+        small_shared, big_shared = self.widths("sinter")
+        if big_shared < small_shared:
+            shrinks.append(f"shared experts' MLP {small_shared} -> {big_shared}")
         if shrinks:
             raise WidenError(f"cannot widen {self.small} into {self.big}: " + "; ".join(shrinks))
 
@@ -291,6 +311,70 @@ def mla_layout(name: str) -> tuple[str, ...]:
     raise WidenError(f"MLA target tensor {name!r} has no declared layout")
 
 
+_ROUTED = re.compile(
+    r"^(?P<layer>model\.layers\.\d+\.mlp\.)experts\.(?P<e>\d+)\.(?P<proj>\w+)\.weight$"
+)
+_ROUTER = re.compile(r"^model\.layers\.\d+\.mlp\.gate\.(weight|e_score_correction_bias)$")
+# the axis of each routed-expert projection that runs over the expert's intermediate rows
+_SPLIT_AXIS = {"gate_proj": 0, "up_proj": 0, "down_proj": 1}
+
+
+def split_experts(
+    cfg: Mapping, state: Mapping[str, torch.Tensor], parts: int
+) -> tuple[dict, dict[str, torch.Tensor]]:
+    """Each routed expert as ``parts`` experts of 1/parts of its MLP rows, the same function.
+
+    The router's row and correction bias are repeated, so a token's scores come in groups of
+    ``parts`` equal values and top-(k x parts) selects exactly the parts of its top-k experts;
+    normalised over them (norm_topk_prob), each part's weight is 1/parts of its expert's, and
+    routed_scaling_factor x parts gives it back (exact: a power of two here). The parts' MLP
+    slices sum to the expert's output. What changes is the number of experts a token reads:
+    k x parts, the same rows in all -- so several tokens' fan-out is counted in smaller pieces,
+    as in a target with many small experts (Kimi-K2.5: 384, top-8). Grouped routing
+    (n_group > topk_group) scores groups by their best experts, which repeated rows change:
+    refused, as is routing without norm_topk_prob."""
+    inter = int(cfg["moe_intermediate_size"])
+    if parts < 1 or inter % parts:
+        raise WidenError(f"expert split {parts}: must divide moe_intermediate_size {inter}")
+    if not cfg.get("norm_topk_prob"):
+        raise WidenError("expert split needs norm_topk_prob: true (weights renormalised)")
+    groups, chosen = cfg.get("n_group") or 1, cfg.get("topk_group") or 1
+    if groups != chosen:
+        raise WidenError(
+            f"expert split with grouped routing (n_group {groups}, topk_group {chosen}): the "
+            "group scores would change"
+        )
+    rows = inter // parts
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        routed, router = _ROUTED.match(name), _ROUTER.match(name)
+        if routed:
+            axis = _SPLIT_AXIS.get(routed["proj"])
+            if axis is None:
+                raise WidenError(f"{name}: no intermediate axis known for {routed['proj']!r}")
+            for j, piece in enumerate(torch.split(tensor, rows, dim=axis)):
+                e = int(routed["e"]) * parts + j
+                out[f"{routed['layer']}experts.{e}.{routed['proj']}.weight"] = piece.clone()
+        elif router:
+            out[name] = tensor.repeat_interleave(parts, dim=0)
+        else:
+            out[name] = tensor
+    split_cfg = {
+        **cfg,
+        "n_routed_experts": int(cfg["n_routed_experts"]) * parts,
+        "num_experts_per_tok": int(cfg["num_experts_per_tok"]) * parts,
+        "routed_scaling_factor": float(cfg.get("routed_scaling_factor", 1.0)) * parts,
+        "moe_intermediate_size": rows,
+    }
+    # the shared experts keep their width: moe_intermediate_size x n_shared_experts
+    shared = int(cfg.get("n_shared_experts") or 0)
+    if shared and (inter * shared) % rows == 0:
+        split_cfg["n_shared_experts"] = inter * shared // rows
+    elif shared:
+        raise WidenError(f"shared experts {shared} x {inter} rows do not split into {rows}")
+    return split_cfg, out
+
+
 def widen_mla_config(small: Mapping, widening: MlaWidening) -> dict:
     """The big config.json: the widths, eps divided by the hidden ratio, and rope_theta raised
     to r'/r when the rope width grows (module docstring)."""
@@ -349,9 +433,12 @@ def write_widened_mla_target(small_dir: Path, out_dir: Path, big: MlaShape) -> d
     if out_dir.exists() and any(out_dir.iterdir()):
         raise WidenError(f"{out_dir}: not empty; the widened target needs a new directory")
     small_cfg = json.loads((small_dir / "config.json").read_text())
+    state = load_state(small_dir)
+    if big.expert_split > 1:
+        small_cfg, state = split_experts(small_cfg, state, big.expert_split)
     widening = MlaWidening.from_config(small_cfg, big)
     config = widen_mla_config(small_cfg, widening)  # refuses what cannot widen, before writing
-    index = write_sharded(widen_mla_tensors(load_state(small_dir), widening), out_dir)
+    index = write_sharded(widen_mla_tensors(state, widening), out_dir)
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     copy_tokenizer(small_dir, out_dir)
     return {

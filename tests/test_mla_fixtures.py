@@ -245,6 +245,8 @@ def test_widen_stage_keeps_what_the_deep_pair_computes(mla_fixtures, mla_script)
     latent = ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
     assert [target_cfg[k] for k in latent] == [rank.kv_lora, rank.rope, rank.nope, rank.v]
     assert stage["wide_target"]["softmax_q_factor"] == pytest.approx(2**0.5)
+    assert target_cfg["n_routed_experts"] == 4 * rank.expert_split  # the experts split
+    assert target_cfg["num_experts_per_tok"] == 2 * rank.expert_split
     drafter_cfg = json.loads((out / "wide-drafter" / "config.json").read_text())
     layer = drafter_cfg["transformer_layer_config"]
     deep_ids = json.loads((out / "deep-drafter" / "config.json").read_text())[

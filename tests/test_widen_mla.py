@@ -83,8 +83,9 @@ def test_the_latent_widens_too_rope_pairs_keep_their_frequencies(tmp_path, inter
 
 
 def test_the_shared_experts_grow_as_one_mlp(tmp_path):
-    """KIMI_K25_TP8_RANK matches a Kimi token's 9 experts of MLP with the fixture's top-2 routed
-    and a shared MLP of 7: n_shared_experts grows, and the function stays."""
+    """KIMI_K25_TP8_RANK_SHARED7 (the 2026-12-02 run) matched a Kimi token's 9 experts of MLP
+    with the fixture's top-2 routed and a shared MLP of 7: n_shared_experts grows, and the
+    function stays."""
     small_dir = small_model_dir(tmp_path)
     big = wm.MlaShape(64, 32, 128, 48, n_shared=3)
     wm.write_widened_mla_target(small_dir, tmp_path / "big", big)
@@ -94,7 +95,41 @@ def test_the_shared_experts_grow_as_one_mlp(tmp_path):
     torch.testing.assert_close(
         logits(tmp_path / "big", ids), logits(small_dir, ids), atol=2e-4, rtol=1e-4
     )
-    assert wm.KIMI_K25_TP8_RANK.moe_intermediate * (2 + wm.KIMI_K25_TP8_RANK.n_shared) == 2304
+    # a Kimi-K2.5 token's 9 experts x 256 rows, from the fixture's top-2 either way
+    for rank in (wm.KIMI_K25_TP8_RANK_SHARED7, wm.KIMI_K25_TP8_RANK):
+        assert rank.moe_intermediate * (2 * rank.expert_split + rank.n_shared) == 2304
+
+
+@pytest.mark.parametrize("parts", [2, 4])
+def test_split_experts_keep_the_function_with_more_experts_per_token(tmp_path, parts):
+    """KIMI_K25_TP8_RANK splits each trained expert (split_experts): top-k x parts of
+    experts x parts, routed_scaling_factor x parts, the shared MLP as wide as before."""
+    small_dir = small_model_dir(tmp_path)
+    big = wm.MlaShape(64, 32, 128, 48, expert_split=parts)
+    wm.write_widened_mla_target(small_dir, tmp_path / "big", big)
+    config = json.loads((tmp_path / "big" / "config.json").read_text())
+    assert (config["n_routed_experts"], config["num_experts_per_tok"]) == (4 * parts, 2 * parts)
+    assert config["routed_scaling_factor"] == 1.0 * parts
+    assert (config["moe_intermediate_size"], config["n_shared_experts"]) == (48, 1)
+    ids = torch.randint(0, 96, (1, 40), generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(
+        logits(tmp_path / "big", ids), logits(small_dir, ids), atol=2e-4, rtol=1e-4
+    )
+
+
+def test_split_experts_refuses_what_it_cannot_keep(tmp_path):
+    small_dir = small_model_dir(tmp_path)
+    config = json.loads((small_dir / "config.json").read_text())
+    state = {"model.layers.1.mlp.experts.0.gate_proj.weight": torch.zeros(16, 32)}
+    with pytest.raises(WidenError, match="must divide moe_intermediate_size 16"):
+        wm.split_experts(config, state, 3)
+    with pytest.raises(WidenError, match="norm_topk_prob"):
+        wm.split_experts({**config, "norm_topk_prob": False}, state, 2)
+    with pytest.raises(WidenError, match="grouped routing"):
+        wm.split_experts({**config, "n_group": 4, "topk_group": 2}, state, 2)
+    split_cfg, split = wm.split_experts(config, state, 2)
+    assert sorted(split) == [f"model.layers.1.mlp.experts.{e}.gate_proj.weight" for e in (0, 1)]
+    assert split_cfg["n_shared_experts"] == 2  # 2 x 8 rows: the shared MLP stays 16 wide
 
 
 def test_a_rope_width_change_without_its_theta_breaks_the_function(tmp_path):
