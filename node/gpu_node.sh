@@ -42,11 +42,12 @@
 #                                              watch; fixture manifest + results -> $OUT
 #   bash node/gpu_node.sh seed-shape-bench [args]
 #                                              bench_speed on the wide pair -> $OUT (chain
-#                                              3/1/4, 5/1/6, the seed's tree 3/4/5, 4/4/8;
-#                                              batch 1; fa3 unless args say; two servers at
-#                                              a time), the same with dummy weights (the
-#                                              cycle costs), and sglang-ext tune (with the
-#                                              target's config) checked against the first
+#                                              3/1/4, 5/1/6, the seed's tree 3/4/5, and
+#                                              plugin vs stock on the converted drafter;
+#                                              batch 1; fa3 unless args say), the same with
+#                                              dummy weights (the cycle costs), and
+#                                              sglang-ext tune (with the target's config)
+#                                              checked against the first
 #
 # Where a verify cycle's time goes (stock SGLang, dummy 8B-shaped weights, tau ~ 1):
 #   bash node/gpu_node.sh dummy-profile-start  carry .wh/s1: start the profile detached; then
@@ -308,19 +309,29 @@ seed-shape-bench)
     # Five ~13 GB servers starting together at 0.13 failed SGLang 0.5.23's KV-cache check,
     # which counts the others' weights loading meanwhile as this server's
     # (mem_cache/kv_cache_configurator.py:_profile_available_bytes asked for 0.30-0.34). The
-    # split-expert target is ~25 GB: three servers at a time (baseline + two), each pool fixed
-    # by --max-total-tokens so a high fraction passes that check without reserving memory
-    # (launch.Server.max_total_tokens: the GPU suite's 19 servers start that way).
+    # split-expert target is ~25 GB: four servers at a time (baseline + three), each pool
+    # fixed by --max-total-tokens so a high fraction passes that check without reserving
+    # memory (launch.Server.max_total_tokens: the GPU suite's 19 servers start that way).
+    # Plugin vs stock: the drafter converted for stock SGLang (--force: stock has no
+    # norm_before_residual, so both servers of the pair run the converted math) served by
+    # the plugin's class and by stock's, side by side at 3/1/4 -- the serving code's cost.
     mkdir -p "$OUT"
     cp "$MLA/wide-target/config.json" "$OUT/wide-target-config.json"
+    rm -rf "$MLA/wide-drafter-sglang"
+    pair=()  # no pair (and the reason in convert.log) if the conversion is refused
+    if python3 -m sglang_ext.cli convert "$MLA/wide-drafter" "$MLA/wide-drafter-sglang" \
+        --target "$MLA/wide-target" --force >"$OUT/convert.log" 2>&1; then
+        pair=(--drafter-nbr-false "$MLA/wide-drafter-sglang" --compare-setting 3,1,4
+            --drafter-nbr-false-sglang "$MLA/wide-drafter-sglang")
+    fi
     wide() {
         python3 -m sglang_ext_tools.bench_speed --target "$MLA/wide-target" \
             --drafter "$MLA/wide-drafter" --prompts "$MLA/prompts.jsonl" \
-            --settings 3,1,4 5,1,6 3,4,5 4,4,8 --attention-backend fa3 --max-new-tokens 128 \
-            --batch1-requests 16 --at-once 3 --mem-fraction 0.6 --max-total-tokens 16384 \
+            --settings 3,1,4 5,1,6 3,4,5 --attention-backend fa3 --max-new-tokens 128 \
+            --batch1-requests 16 --at-once 4 --mem-fraction 0.75 --max-total-tokens 16384 \
             --startup-timeout 300 "$@"
     }
-    wide --batches 1 --rounds 2 --fixtures-json "$MLA/mla-fixtures.json" \
+    wide "${pair[@]}" --batches 1 --rounds 2 --fixtures-json "$MLA/mla-fixtures.json" \
         --acceptance-dir "$LOGS/acceptance" --log-dir "$LOGS" --out-json "$OUT/seed-shape.json" \
         --out-png "$OUT/seed-shape.png" "$@" 2>&1 | tee "$OUT/bench.log"
     status=${PIPESTATUS[0]}
@@ -335,7 +346,7 @@ sys.exit(0 if any(s["status"] == "ready" for s in d["servers"]) else 1)' "$OUT/s
         backend=triton
         mv "$OUT/seed-shape.json" "$OUT/seed-shape-fa3-failed.json"
         rm -rf "$LOGS/acceptance"
-        wide --batches 1 --rounds 2 --fixtures-json "$MLA/mla-fixtures.json" \
+        wide "${pair[@]}" --batches 1 --rounds 2 --fixtures-json "$MLA/mla-fixtures.json" \
             --acceptance-dir "$LOGS/acceptance" --log-dir "$LOGS/triton" \
             --out-json "$OUT/seed-shape.json" --out-png "$OUT/seed-shape.png" "$@" \
             --attention-backend triton 2>&1 | tee -a "$OUT/bench.log"
@@ -348,7 +359,8 @@ sys.exit(0 if any(s["status"] == "ready" for s in d["servers"]) else 1)' "$OUT/s
         --log-dir "$LOGS/probe" \
         --profile --attention-backend "$backend" --out-json "$OUT/seed-shape-probe.json" 2>&1 \
         | tee -a "$OUT/bench.log" || true
-    python3 -m sglang_ext.cli tune "$LOGS"/acceptance/*.jsonl --costs "$OUT/seed-shape-probe.json" \
+    # (spec-*: the main drafter's servers; the converted pair's records are another drafter)
+    python3 -m sglang_ext.cli tune "$LOGS"/acceptance/spec-*.jsonl --costs "$OUT/seed-shape-probe.json" \
         --target-config "$MLA/wide-target/config.json" --against "$OUT/seed-shape.json" --json \
         >"$OUT/advisor.json" 2>>"$OUT/bench.log" || true
     # traces stay out (tens of MB; bench_speed puts their breakdown in its JSON's `profiles`)
@@ -362,7 +374,8 @@ seed-shape-wait)
     cp "$MLA/mla-fixtures.json" "$OUT"/ 2>/dev/null || true
     cp "$SEED"/result/seed-shape.json "$SEED"/result/seed-shape.png "$OUT"/ 2>/dev/null || true
     cp "$SEED"/result/seed-shape-probe.json "$SEED"/result/advisor.json \
-        "$SEED"/result/wide-target-config.json "$OUT"/ 2>/dev/null || true
+        "$SEED"/result/wide-target-config.json "$SEED"/result/convert.log "$OUT"/ 2>/dev/null \
+        || true
     cp "$SEED/result/server-logs.tgz" "$OUT"/ 2>/dev/null || true
     nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
     [ -f "$SEED/DONE" ]

@@ -113,7 +113,7 @@ def build(
             "best_chain_speedup_ci95": trained[best_chain]["speedup_ci95"] if best_chain else None,
             "chain_eta_goal": CHAIN_ETA_GOAL,
             "chain_eta_pass": bool(best_chain and trained[best_chain]["eta"] >= CHAIN_ETA_GOAL),
-            "plugin_vs_stock": None,
+            "plugin_vs_stock": (bench.get("goals") or {}).get("plugin_vs_stock"),
             "tree_ge_best_chain": bool(
                 tree and best_chain and tree["speedup"] >= trained[best_chain]["speedup"]
             ),
