@@ -217,12 +217,21 @@ def test_fanout_from_a_deepseek_config():
     assert fan.distinct_experts(4) == pytest.approx(8 * (1 - 0.75**4))
     assert fan.extra_decode_steps(1) == pytest.approx(0.0)
     assert 0.2 < fan.extra_decode_steps(4) < fan.extra_decode_steps(5) < 0.35
-    # Kimi-K2.5 nests its text model; 384 experts top-8 at TP8 fan out far more
-    kimi = {**cfg, "n_routed_experts": 384, "num_experts_per_tok": 8, "n_shared_experts": 1,
-            "num_attention_heads": 64, "moe_intermediate_size": 2048,
-            "intermediate_size": 18432}  # fmt: skip
+    # Kimi-K2.5 (its text_config nested, as published): 384 experts top-8 on a TP8 rank; its
+    # published int4 experts (compressed-tensors, attention and lm_head ignored) halve the term
+    kimi = json.loads((RESULTS.parent.parent / "data" / "public_configs"
+                       / "target-kimi-k2.5-text.json").read_text())  # fmt: skip
     big = MoeFanout.from_config({"text_config": kimi}, "kimi.json", tp=8)
-    assert big.experts_per_token == 8 and big.extra_decode_steps(4) > 3 * fan.extra_decode_steps(4)
+    assert big.experts == 384 and big.distinct_experts(4) == pytest.approx(31.0, abs=0.05)
+    assert big.extra_decode_steps(4) == pytest.approx(1.60, abs=0.01)
+    int4 = {"quant_method": "compressed-tensors", "ignore": ["lm_head", "re:.*self_attn.*"],
+            "config_groups": {"group_0": {"weights": {"num_bits": 4, "type": "int"}}}}  # fmt: skip
+    small = MoeFanout.from_config({**kimi, "quantization_config": int4}, "kimi.json", tp=8)
+    assert [round(small.extra_decode_steps(n), 2) for n in (4, 5, 8)] == [0.77, 1.01, 1.71]
+    fp8 = MoeFanout.from_config({**kimi, "quantization_config": {"quant_method": "fp8"}}, "k", 8)
+    assert fp8.extra_decode_steps(4) > small.extra_decode_steps(4)
+    with pytest.raises(FanoutConfigError, match="quant_method 'awq' is not modelled"):
+        MoeFanout.from_config({**kimi, "quantization_config": {"quant_method": "awq"}}, "k", 8)
     assert MoeFanout.from_config({"hidden_size": 8, "num_hidden_layers": 2}, "dense.json") is None
     with pytest.raises(FanoutConfigError, match="outside the DeepSeek-V3 family"):
         MoeFanout.from_config({"num_experts": 8, "num_experts_per_tok": 2}, "qwen.json")

@@ -13,11 +13,15 @@ TP8 rank of Kimi-K2.5's shape (8 routed top-2, issue #24, 2026-12-02): chain 3/1
 decode steps on dummy weights and 1.370 with the trained ones; this term predicts 0.246 of
 the 0.247 difference.
 
-The estimate is one of bytes only (``extra_decode_steps``: the fan-out's expert parameters
-over the parameters one decode step reads, for the part of the model one GPU holds at tensor
-parallelism ``tp``); it ignores KV-cache reads (small at short contexts) and assumes uniform
-routing. DeepSeek-V3-family configs (DeepSeek-V3, Kimi-K2.5's ``text_config``) are read;
-another MoE layout is refused by name rather than guessed.
+The estimate is one of bytes only (``extra_decode_steps``: the fan-out's expert bytes over
+the bytes one decode step reads, for the part of the model one GPU holds at tensor
+parallelism ``tp``): it is the time share where a decode step is bound by its weight reads
+(the one-GPU fixture above), less where the step also waits on communication (TP across
+GPUs). It ignores KV-cache reads (small at short contexts) and assumes uniform routing.
+Weights are bf16 unless ``quantization_config`` says otherwise (``weight_bytes``): Kimi-K2.5
+ships compressed-tensors int4 for everything but attention and lm_head, DeepSeek-V3 fp8.
+DeepSeek-V3-family configs (DeepSeek-V3, Kimi-K2.5's ``text_config``) are read; another MoE
+layout or quantization method is refused by name rather than guessed.
 """
 
 from __future__ import annotations
@@ -44,12 +48,54 @@ def _int(cfg: Mapping[str, Any], name: str, where: str) -> int:
 
 
 @dataclass(frozen=True)
+class WeightBytes:
+    """Bytes per parameter of the MLP (dense, shared and routed experts), the attention and
+    lm_head weights."""
+
+    mlp: float = 2.0
+    attention: float = 2.0
+    lm_head: float = 2.0
+
+
+def weight_bytes(cfg: Mapping[str, Any], where: str) -> WeightBytes:
+    quant = cfg.get("quantization_config")
+    if not quant:
+        return WeightBytes()
+    method = quant.get("quant_method") if isinstance(quant, Mapping) else None
+    if method == "fp8":  # DeepSeek-V3's block fp8: every linear layer but lm_head
+        return WeightBytes(mlp=1.0, attention=1.0)
+    if method == "compressed-tensors":
+        groups = quant.get("config_groups") or {}
+        bits = {
+            g.get("weights", {}).get("num_bits")
+            for g in groups.values()
+            if isinstance(g, Mapping) and isinstance(g.get("weights"), Mapping)
+        }
+        if len(bits) != 1 or not isinstance(next(iter(bits)), int):
+            raise FanoutConfigError(
+                f"{where}: quantization_config.config_groups: expected one weights.num_bits, "
+                f"found {sorted(map(str, bits))}"
+            )
+        width = next(iter(bits)) / 8
+        ignored = " ".join(map(str, quant.get("ignore") or []))
+        return WeightBytes(
+            mlp=width,
+            attention=2.0 if "self_attn" in ignored else width,
+            lm_head=2.0 if "lm_head" in ignored else width,
+        )
+    raise FanoutConfigError(
+        f"{where}: quantization_config.quant_method {method!r} is not modelled (bf16, 'fp8' "
+        "and 'compressed-tensors' are)"
+    )
+
+
+@dataclass(frozen=True)
 class MoeFanout:
     moe_layers: int
     experts: int
     experts_per_token: int
-    expert_params: int  # one routed expert's gate, up and down on this GPU
-    decode_params: int  # what one decode step reads on this GPU
+    expert_bytes: float  # one routed expert's gate, up and down on this GPU
+    decode_bytes: float  # what one decode step reads on this GPU
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], where: str, tp: int = 1) -> MoeFanout | None:
@@ -97,15 +143,16 @@ class MoeFanout:
             + heads * (f["qk_nope_head_dim"] + f["v_head_dim"]) * f["kv_lora_rank"]
             + h * heads * f["v_head_dim"]
         )
-        expert = 3 * h * f["moe_intermediate_size"] // tp
+        size = weight_bytes(cfg, where)
+        expert = 3 * h * f["moe_intermediate_size"] // tp * size.mlp
         dense_layers = min(f["first_k_dense_replace"], f["num_hidden_layers"])
         moe_layers = f["num_hidden_layers"] - dense_layers
         per_token = f["num_experts_per_tok"]
         decode = (
-            f["num_hidden_layers"] * attention
-            + dense_layers * 3 * h * f["intermediate_size"] // tp
+            f["num_hidden_layers"] * attention * size.attention
+            + dense_layers * 3 * h * f["intermediate_size"] // tp * size.mlp
             + moe_layers * (per_token + shared) * expert
-            + f["vocab_size"] * h // tp
+            + f["vocab_size"] * h // tp * size.lm_head
         )
         return cls(moe_layers, f["n_routed_experts"], per_token, expert, decode)
 
@@ -118,4 +165,4 @@ class MoeFanout:
         """A verify pass over ``tokens`` tokens reads this many decode steps' worth of weights
         more than one token's experts."""
         fresh = self.distinct_experts(tokens) - self.experts_per_token
-        return self.moe_layers * fresh * self.expert_params / self.decode_params
+        return self.moe_layers * fresh * self.expert_bytes / self.decode_bytes
