@@ -312,6 +312,7 @@ seed-shape-bench)
     # split-expert target is ~25 GB: four servers at a time (baseline + three), each pool
     # fixed by --max-total-tokens so a high fraction passes that check without reserving
     # memory (launch.Server.max_total_tokens: the GPU suite's 19 servers start that way).
+    # Worst case, all four load inside one server's window: 4 x ~25 GB of 140 asks ~0.75.
     # Plugin vs stock: the drafter converted for stock SGLang (--force: stock has no
     # norm_before_residual, so both servers of the pair run the converted math) served by
     # the plugin's class and by stock's, side by side at 3/1/4 -- the serving code's cost.
@@ -328,7 +329,7 @@ seed-shape-bench)
         python3 -m sglang_ext_tools.bench_speed --target "$MLA/wide-target" \
             --drafter "$MLA/wide-drafter" --prompts "$MLA/prompts.jsonl" \
             --settings 3,1,4 5,1,6 3,4,5 --attention-backend fa3 --max-new-tokens 128 \
-            --batch1-requests 16 --at-once 4 --mem-fraction 0.75 --max-total-tokens 16384 \
+            --batch1-requests 16 --at-once 4 --mem-fraction 0.9 --max-total-tokens 16384 \
             --startup-timeout 300 "$@"
     }
     wide "${pair[@]}" --batches 1 --rounds 2 --fixtures-json "$MLA/mla-fixtures.json" \
