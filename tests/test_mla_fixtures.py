@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -260,6 +261,21 @@ def test_widen_stage_keeps_what_the_deep_pair_computes(mla_fixtures, mla_script)
     tau = stage["reference_tau"]
     assert tau["identical_outputs"] == tau["prompts"], tau
     assert tau["wide"] == pytest.approx(tau["deep"], abs=1e-4), tau
+
+
+def test_no_reference_skips_only_the_suites_reference_tau(mla_fixtures, mla_script, tmp_path):
+    """The seed-shape pipeline builds with --no-reference (~64 s of device time): the drafter
+    is trained and recorded as before, its free-running reference is not run."""
+    out, stages = mla_fixtures
+    assert stages["drafter"]["small_drafter"]["reference"]  # the default runs it
+    copy = tmp_path / "mla"
+    shutil.copytree(out, copy)
+    shutil.rmtree(copy / "reference")
+    argv = ["--stage", "drafter", "--scale", "tiny", "--device", "cpu", "--out", str(copy)]
+    assert mla_script.main([*argv, "--no-reference"]) == 0
+    drafter = json.loads((copy / "stage-drafter.json").read_text())["small_drafter"]
+    assert drafter["reference"] == {} and not (copy / "reference").exists()
+    assert drafter["train"] and (copy / "small-drafter" / "config.json").exists()
 
 
 def test_kimi_rank_drafter_widths_keep_the_small_drafters_head_dim():
