@@ -187,3 +187,43 @@ def test_function_check_fails_loudly_on_a_negative_top_logit(tmp_path):
     chunks = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(1))
     with pytest.raises(SystemExit, match=r"argmax on padded vocabulary rows at [1-9]\d* of 32"):
         module.function_check(tmp_path / "small", tmp_path / "big", chunks, "cpu")
+
+
+def test_function_check_in_bf16_holds_both_models_against_fp32(tmp_path):
+    """The 8B fixture's check on CUDA: a widening by 3 (1/sqrt(3) rounds in bf16) with
+    identity layers and padded vocabulary rows is as close to the fp32 function as the small
+    model is (fixtures.bf16_check)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from sglang_ext_tools import widen
+
+    module = importlib.import_module("sglang_ext_tools.fixtures.make_speed_fixtures")
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():  # logits far from ties, top-1 positive (the padded rows give 0)
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(4.0)
+    model.save_pretrained(tmp_path / "small")
+    big = widen.Shape(hidden=96, heads=4, kv_heads=2, head_dim=16, intermediate=128, vocab=128)
+    widen.write_widened_target(tmp_path / "small", tmp_path / "big", big, 4, [0, 2])
+    chunks = torch.randint(3, 64, (8, 48), generator=torch.Generator().manual_seed(1))
+    check = module.function_check(
+        tmp_path / "small", tmp_path / "big", chunks, "cpu", torch.bfloat16
+    )
+    verdict = check["fp32_reference"]
+    assert check["dtype"] == "bfloat16" and verdict["tokens"] == chunks.numel()
+    assert verdict["pass"], verdict
+    assert verdict["error_ratio_ci95"][1] < 1.5, verdict
+    assert check["top1_on_new_rows"] == 0
