@@ -41,7 +41,13 @@ from sglang_ext.cli.bench import BenchError, RequestSpec, load_prompts, run_benc
 from sglang_ext.cli.bench_report import RequestResult
 from sglang_ext_tools.launch import DEFAULT_SPEC, STOCK_ENV, Server, start_all, stop_all
 from sglang_ext_tools.stats import bootstrap_ratio_ci
-from sglang_ext_tools.trace_breakdown import breakdown, load_trace, newest_trace
+from sglang_ext_tools.trace_breakdown import (
+    breakdown,
+    kernel_families,
+    load_trace,
+    newest_trace,
+    top_kernels,
+)
 
 SCHEMA_VERSION = 1
 MAIN = "speculators (plugin)"
@@ -895,7 +901,8 @@ def _run(server: Server, prompts: Sequence[Any], concurrency: int, max_new_token
 
 def profile_server(server: Server, prompt: Any, args: argparse.Namespace) -> dict[str, Any]:
     """One batch-1 request under SGLang's torch profiler (POST /start_profile, stopping by
-    itself after --profile-steps scheduler steps); the per-cycle breakdown of its trace."""
+    itself after --profile-steps scheduler steps); the per-cycle breakdown of its trace, its
+    kernel families and costliest kernels (trace_breakdown)."""
     import urllib.request
 
     out_dir = Path(args.profile_dir or Path(args.log_dir) / "profiles") / server.name
@@ -919,7 +926,14 @@ def profile_server(server: Server, prompt: Any, args: argparse.Namespace) -> dic
         try:
             path = newest_trace(out_dir)
             time.sleep(2)  # let the writer finish the file
-            out = breakdown(load_trace(path))
+            trace = load_trace(path)
+            out = {
+                **breakdown(trace),
+                # which attention path ran (cascade for trees: merge_state) and the costliest
+                # kernels: the traces themselves stay on the node
+                "kernel_families": kernel_families(trace),
+                "top_kernels": top_kernels(trace, n=12),
+            }
             break
         except (FileNotFoundError, EOFError, OSError, ValueError) as exc:
             if time.time() > deadline:

@@ -115,23 +115,60 @@ def newest_trace(directory: str | Path, patterns: Sequence[str] = ("*.trace.json
 
 
 def top_kernels(trace: Mapping[str, Any], n: int = 6) -> dict[str, list[dict[str, Any]]]:
-    """The costliest kernels per cycle (µs) in the target graphs and in the drafter graphs."""
+    """The costliest kernels per cycle in the target graphs and in the drafter graphs: time
+    (µs) and launches per cycle."""
     _, target, drafter, _ = _kernels_by_graph(trace)
     cycles = max(len(target), 1)
     out = {}
     for cls, groups in (("target_graph", target), ("drafter_graph", drafter)):
-        bucket: dict[str, float] = {}
+        bucket: dict[str, list[float]] = {}
         for k in (k for g in groups for k in g):
-            bucket[k["name"]] = bucket.get(k["name"], 0.0) + k.get("dur", 0)
+            entry = bucket.setdefault(k["name"], [0.0, 0])
+            entry[0] += k.get("dur", 0)
+            entry[1] += 1
         out[cls] = [
-            {"kernel": name[:80], "us_per_cycle": round(us / cycles, 1)}
-            for name, us in sorted(bucket.items(), key=lambda kv: -kv[1])[:n]
+            {
+                "kernel": name[:80],
+                "us_per_cycle": round(us / cycles, 1),
+                "calls_per_cycle": round(calls / cycles, 2),
+            }
+            for name, (us, calls) in sorted(bucket.items(), key=lambda kv: -kv[1][0])[:n]
         ]
     return out
 
 
+# Kernel families whose count says which attention path ran: FA3's kernels (SGLang's
+# sgl_kernel / flash_attn builds are named in the flash:: namespace) and merge_state, which
+# only cascade attention (topk > 1: prefix and tree part merged) launches.
+KERNEL_FAMILIES: dict[str, tuple[str, ...]] = {
+    "flash_attention": ("flash::", "flash_fwd", "flashattn"),
+    "merge_state": ("merge_state",),
+}
+
+
+def kernel_families(
+    trace: Mapping[str, Any], families: Mapping[str, Sequence[str]] = KERNEL_FAMILIES
+) -> dict[str, dict[str, dict[str, float]]]:
+    """Per graph class, each family's launches and time per cycle (case-insensitive
+    substrings of the kernel name)."""
+    _, target, drafter, _ = _kernels_by_graph(trace)
+    cycles = max(len(target), 1)
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for cls, groups in (("target_graph", target), ("drafter_graph", drafter)):
+        kernels = [k for g in groups for k in g]
+        out[cls] = {}
+        for family, needles in families.items():
+            hits = [k for k in kernels if any(n in k["name"].lower() for n in needles)]
+            out[cls][family] = {
+                "calls_per_cycle": round(len(hits) / cycles, 2),
+                "us_per_cycle": round(sum(k.get("dur", 0) for k in hits) / cycles, 1),
+            }
+    return out
+
+
 def summarize(paths: Sequence[str | Path], **meta: Any) -> dict[str, Any]:
-    """Breakdown, top kernels and provenance (file, sha256, device) for each trace."""
+    """Breakdown, top kernels, kernel families and provenance (file, sha256, device) for each
+    trace."""
     import hashlib
 
     out: dict[str, Any] = {"schema_version": 1, **meta, "traces": {}}
@@ -146,6 +183,7 @@ def summarize(paths: Sequence[str | Path], **meta: Any) -> dict[str, Any]:
             "cuda_runtime_version": trace.get("cuda_runtime_version"),
             "breakdown": breakdown(trace),
             "top_kernels": top_kernels(trace),
+            "kernel_families": kernel_families(trace),
         }
     return out
 

@@ -575,6 +575,9 @@ def test_profile_server_asks_sglang_to_profile_and_reads_its_trace(tmp_path, mon
     assert out["target_graph_launches"] == 3
     assert out["per_cycle_ms"]["target_graph_kernels"] == pytest.approx(4.0)
     assert out["trace"].endswith("spec-5-1-6-TP-0.trace.json.gz")
+    # the trace stays on the node: which kernels ran comes back in the record
+    assert out["top_kernels"]["target_graph"][0]["calls_per_cycle"] == 40.0
+    assert out["kernel_families"]["target_graph"]["merge_state"]["calls_per_cycle"] == 0.0
 
 
 def test_variant_server_runs_the_main_drafter_with_its_env(capsys):

@@ -94,6 +94,28 @@ def test_summary_names_the_costliest_kernels_per_cycle(tmp_path):
     assert summary["command"] == "x y"
     entry = summary["traces"][path.name]
     assert entry["device"]["name"] == "FakeGPU" and len(entry["sha256"]) == 64
-    assert entry["top_kernels"]["target_graph"] == [{"kernel": "k", "us_per_cycle": 4000.0}]
-    assert entry["top_kernels"]["drafter_graph"] == [{"kernel": "k", "us_per_cycle": 280.0}]
+    assert entry["top_kernels"]["target_graph"] == [
+        {"kernel": "k", "us_per_cycle": 4000.0, "calls_per_cycle": 40.0}
+    ]
+    assert entry["top_kernels"]["drafter_graph"] == [
+        {"kernel": "k", "us_per_cycle": 280.0, "calls_per_cycle": 11.0}
+    ]
     assert entry["breakdown"]["target_graph_launches"] == 2
+
+
+def test_kernel_families_count_the_cascade_merges():
+    """A tree's verify under FA3 merges prefix and tree attention once per layer
+    (merge_state); a chain's never does: the family counts say which path ran."""
+    from sglang_ext_tools.trace_breakdown import kernel_families
+
+    trace = _trace(cycles=2)
+    verify = [e for e in trace["traceEvents"] if e.get("name") == "k" and e["dur"] == 100.0]
+    for k in verify[::4]:  # 10 of each graph's 40: an FA3 call
+        k["name"] = "void flash::FlashAttnFwdSm90<...>"
+    for k in verify[1::8]:  # 5 of 40: a merge after it
+        k["name"] = "void merge_state_v2_kernel<...>"
+    out = kernel_families(trace)["target_graph"]
+    assert out["flash_attention"] == {"calls_per_cycle": 10.0, "us_per_cycle": 1000.0}
+    assert out["merge_state"] == {"calls_per_cycle": 5.0, "us_per_cycle": 500.0}
+    drafter = kernel_families(trace)["drafter_graph"]
+    assert drafter["merge_state"] == {"calls_per_cycle": 0.0, "us_per_cycle": 0.0}
