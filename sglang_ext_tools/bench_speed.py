@@ -17,6 +17,9 @@ sum completion_tokens / sum spec_verify_ct over requests (SGLang's meta_info def
 speedup = spec tok/s / nospec tok/s; eta = speedup / tau; cycle cost = 1 / eta (one
 speculative cycle in units of one plain decode step); plugin_vs_stock = tok/s of the
 nbr-false drafter through the plugin / tok/s of its converted copy on stock SGLang.
+Each row also says whether SGLang's overlap scheduler ran (``--no-overlap-at`` adds a server
+with it off) and the drafter's draft vocabulary; with ``--profile``, ``cycle_breakdown`` gives
+each profiled cycle's parts in decode steps of the profiled baseline.
 
 The result JSON is written even when servers fail to start (their rows say so). Exit codes:
 0 all servers served every request; 1 a server failed, a request failed or the run was
@@ -114,16 +117,21 @@ def parse_variant(text: str) -> tuple[str, str, str]:
     return label, key, value
 
 
+NO_OVERLAP = "--disable-overlap-schedule"
+
+
 def server_specs(
     settings: Sequence[Setting],
     compare: Setting | None,
     variants: Sequence[tuple[str, str, str]] = (),
     noise: bool = False,
+    no_overlap: Sequence[Setting] = (),
 ) -> list[dict[str, Any]]:
     """The servers of one run, as plain data. `compare` None: no nbr-false servers. Each
     variant runs the main drafter at the compare setting (else the first) with its env.
     `noise`: the no-speculation server is measured twice per round ("nospec-again", no second
-    server), so the run states the noise of its own ratios."""
+    server), so the run states the noise of its own ratios. Each `no_overlap` setting gets one
+    more plugin server with SGLang's overlap scheduler off (its rows: overlap false)."""
 
     def spec(name: str, role: str, setting: Setting | None, stock: bool = False, **kw) -> dict:
         return {"name": name, "role": role, "setting": setting, "stock": stock, **kw}
@@ -147,32 +155,62 @@ def server_specs(
                 env={key: value},
             )
         )
+    for setting in no_overlap:
+        specs.append(
+            spec(
+                f"spec-{'-'.join(map(str, setting))}-nooverlap",
+                "variant",
+                setting,
+                label="nooverlap",
+                extra=[NO_OVERLAP],
+            )
+        )
     return specs
+
+
+def drafter_path(spec: Mapping[str, Any], args: argparse.Namespace) -> str | None:
+    """The drafter directory a spec's server serves (None: no speculation)."""
+    return {
+        "spec": args.drafter,
+        "variant": args.drafter,
+        "nbr_plugin": args.drafter_nbr_false,
+        "nbr_stock": args.drafter_nbr_false_sglang,
+    }.get(spec["role"])
+
+
+def draft_vocab(path: str | Path | None) -> int | None:
+    """A drafter's draft vocabulary from its config.json: ``draft_vocab_size`` (speculators
+    and SGLang alike), else its vocabulary (a full-vocabulary drafter); None where there is
+    no readable config (no drafter, a dry run's placeholder paths)."""
+    if not path:
+        return None
+    try:
+        cfg = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    layer = cfg.get("transformer_layer_config") or {}
+    for value in (cfg.get("draft_vocab_size"), cfg.get("vocab_size"), layer.get("vocab_size")):
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
 
 
 def make_servers(specs: Sequence[Mapping[str, Any]], args: argparse.Namespace) -> list[Server]:
     """One server per spec, except aliases (a second measurement of another spec's server)."""
-    drafts = {
-        "nospec": None,
-        "spec": args.drafter,
-        "nbr_plugin": args.drafter_nbr_false,
-        "nbr_stock": args.drafter_nbr_false_sglang,
-        "variant": args.drafter,
-    }
     specs = [spec for spec in specs if not spec.get("alias_of")]
     return [
         Server(
             spec["name"],
             args.target,
             args.port_base + k,
-            drafts[spec["role"]],
+            drafter_path(spec, args),
             env=server_env(spec, args),
             mem_fraction=args.mem_fraction,
             max_bs=max(args.batches),
             log_dir=Path(args.log_dir),
             spec=tuple(spec["setting"] or DEFAULT_SPEC),
             attention_backend=args.attention_backend,
-            extra=server_extra_args(args),
+            extra=server_extra_args(args) + list(spec.get("extra") or []),
         )
         for k, spec in enumerate(specs)
     ]
@@ -397,7 +435,11 @@ def build_rows(
     batches: Sequence[int],
     statuses: Mapping[str, str] | None = None,
     backend: str | None = None,
+    server_args: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
+    """One row per (speculative server, batch) against the baseline. ``server_args``: the
+    flags every server got (a row's ``overlap`` is false where they or its own turn SGLang's
+    overlap scheduler off)."""
     statuses = statuses or {}
     nbr = {s["role"]: s for s in specs if s["role"] in ("nbr_plugin", "nbr_stock")}
     drafter_of = {"spec": MAIN, "nbr_plugin": NBR_PLUGIN, "nbr_stock": NBR_STOCK, "noise": NOISE}
@@ -451,6 +493,8 @@ def build_rows(
                     "draft_tokens": draft,
                     "drafter": drafter_of.get(spec["role"]) or f"{MAIN} [{spec.get('label')}]",
                     "server": spec["name"],
+                    "overlap": NO_OVERLAP not in [*server_args, *(spec.get("extra") or [])],
+                    "draft_vocab": spec.get("draft_vocab"),
                     "nospec_tok_s": _r(tok("nospec", b), 2),
                     "spec_tok_s": _r(tok(spec["name"], b), 2),
                     "spec_tok_s_min": _r(run.get("tok_s_min"), 2),
@@ -501,6 +545,31 @@ def best_and_goals(rows: Sequence[Mapping[str, Any]], compare: Setting | None):
         goals[name] = None if values[key] is None else values[key] >= threshold
     goals["thresholds"] = {key: threshold for key, threshold in GOALS.values()}
     return dict(best) if best else None, goals
+
+
+def cycle_breakdown(
+    profiles: Mapping[str, Mapping[str, Any]], specs: Sequence[Mapping[str, Any]]
+) -> dict[str, Any] | None:
+    """Each profiled speculative server's cycle split in decode steps: its per-cycle
+    milliseconds per part (trace_breakdown) over the profiled no-speculation server's
+    milliseconds per step, with the cascade's merge_state launches per verify. None without
+    a profiled baseline."""
+    base = ((profiles.get("nospec") or {}).get("per_cycle_ms") or {}).get("total")
+    if not base:
+        return None
+    servers = {}
+    for spec in specs:
+        profile = profiles.get(spec["name"]) or {}
+        parts = profile.get("per_cycle_ms")
+        if spec["role"] == "nospec" or not parts:
+            continue
+        families = (profile.get("kernel_families") or {}).get("target_graph") or {}
+        servers[spec["name"]] = {
+            "setting": label(spec["setting"]),
+            "decode_steps": {k: _r(v / base) for k, v in parts.items() if v is not None},
+            "merge_state_per_verify": (families.get("merge_state") or {}).get("calls_per_cycle"),
+        }
+    return {"decode_step_ms": base, "servers": servers}
 
 
 def _compact(value: Any, depth: int = 4) -> Any:
@@ -564,6 +633,7 @@ def build_result(
             meta["batches"],
             statuses,
             meta.get("attention_backend"),
+            meta.get("server_extra_args") or (),
         )
         rows += group_rows if len(groups) == 1 else [{**r, "group": g} for r in group_rows]
     best, goals = best_and_goals(rows, compare)
@@ -834,6 +904,15 @@ def build_parser() -> argparse.ArgumentParser:
         "var, e.g. splitkv:SGLANG_EXT_SPLITKV_VERIFY=1; repeatable",
     )
     p.add_argument(
+        "--no-overlap-at",
+        nargs="+",
+        type=parse_setting,
+        default=[],
+        metavar="STEPS,TOPK,DRAFT",
+        help="one more plugin server per setting (each one of --settings) with SGLang's "
+        "overlap scheduler off (--disable-overlap-schedule); its rows say overlap false",
+    )
+    p.add_argument(
         "--max-total-tokens", type=_positive_int, help="fixed KV pool size per server (tokens)"
     )
     p.add_argument("--server-args", default="", help="extra flags for every server (one string)")
@@ -879,7 +958,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.compare = args.compare_setting if args.drafter_nbr_false else None
     if args.at_once is not None and args.at_once < 2:
         parser.error(f"--at-once {args.at_once}: the baseline and one server need 2")
-    args.specs = server_specs(args.settings, args.compare, args.variant, args.noise)
+    stray = [label(x) for x in args.no_overlap_at if x not in args.settings]
+    if stray:
+        parser.error(f"--no-overlap-at {' '.join(stray)}: not one of --settings")
+    args.specs = server_specs(
+        args.settings, args.compare, args.variant, args.noise, args.no_overlap_at
+    )
+    for spec in args.specs:  # the rows say what draft vocabulary each server ran
+        spec["draft_vocab"] = draft_vocab(drafter_path(spec, args))
     try:
         args.groups = plan_groups(args.specs, args.at_once)
     except ValueError as exc:
@@ -1115,6 +1201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if args.profile:
         result["profiles"] = profiles
+        result["cycle_breakdown"] = cycle_breakdown(profiles, specs)
     out_json = Path(args.out_json or Path(args.log_dir) / "bench_speed.json")
     out_json.parent.mkdir(parents=True, exist_ok=True)
     out_json.write_text(json.dumps(result, indent=2) + "\n")

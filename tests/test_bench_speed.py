@@ -668,3 +668,74 @@ def test_acceptance_dir_gives_each_plugin_server_its_records_file(tmp_path):
     assert "SGLANG_EXT_ACCEPTANCE_JSONL" not in envs["nospec"]
     plain = bs.parse_args(["--target", "t", "--drafter", "d", "--prompts", "p"])
     assert all(not s.env for s in bs.make_servers(specs, plain) if s.name != "nospec")
+
+
+# ------------------------------------------------------------------ issue #23's row keys
+
+
+def test_no_overlap_server_runs_its_setting_with_the_overlap_scheduler_off(prompts_file, capsys):
+    argv = _argv(prompts_file, "--settings", "3,1,4", "5,1,6", "--no-overlap-at", "3,1,4")
+    args = bs.parse_args(argv)
+    servers = {s.name: s.command() for s in bs.make_servers(args.specs, args)}
+    assert bs.NO_OVERLAP in servers["spec-3-1-4-nooverlap"]
+    assert all(bs.NO_OVERLAP not in c for n, c in servers.items() if "nooverlap" not in n)
+    spec = next(s for s in args.specs if s["name"] == "spec-3-1-4-nooverlap")
+    assert spec["setting"] == (3, 1, 4) and spec["role"] == "variant"
+    ms = [m for m in _measurements() if m["server"] in ("nospec", "spec-3-1-4")]
+    ms += [{**m, "server": "spec-3-1-4-nooverlap"} for m in ms if m["server"] == "spec-3-1-4"]
+    rows = bs.build_rows(bs.aggregate(ms), args.specs[:2] + [spec], [1])
+    assert [(r["server"], r["overlap"]) for r in rows] == [
+        ("spec-3-1-4", True), ("spec-3-1-4-nooverlap", False)
+    ]
+    everywhere = bs.build_rows(bs.aggregate(ms), args.specs[:2], [1], server_args=[bs.NO_OVERLAP])
+    assert [r["overlap"] for r in everywhere] == [False]
+    best, _ = bs.best_and_goals(rows, None)
+    assert best["server"] == "spec-3-1-4"  # a variant row is never the best main row
+    with pytest.raises(SystemExit):
+        bs.parse_args(
+            _argv(prompts_file, "--settings", "3,1,4", "--no-overlap-at", "5,1,6", nbr=False)
+        )
+    assert "--no-overlap-at 5,1,6: not one of --settings" in capsys.readouterr().err
+
+
+def test_rows_say_each_drafters_draft_vocabulary(prompts_file, tmp_path):
+    reduced, full, converted = tmp_path / "reduced", tmp_path / "full", tmp_path / "sglang"
+    for d, cfg in (
+        (reduced, {"draft_vocab_size": 32000, "transformer_layer_config": {"vocab_size": 128256}}),
+        (full, {"transformer_layer_config": {"vocab_size": 8192}}),
+        (converted, {"draft_vocab_size": 32000, "vocab_size": 128256}),
+    ):
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps(cfg))
+    argv = ["--target", "T", "--drafter", str(reduced), "--prompts", str(prompts_file),
+            "--drafter-nbr-false", str(full), "--drafter-nbr-false-sglang", str(converted),
+            "--settings", "5,1,6"]
+    args = bs.parse_args(argv)
+    vocab = {s["name"]: s["draft_vocab"] for s in args.specs}
+    assert vocab == {"nospec": None, "spec-5-1-6": 32000, "nbrfalse-plugin-5-1-6": 8192,
+                     "nbrfalse-stock-5-1-6": 32000}
+    rows = bs.build_rows(bs.aggregate(_measurements()), args.specs, [1])
+    assert {r["server"]: r["draft_vocab"] for r in rows}["spec-5-1-6"] == 32000
+    assert bs.draft_vocab(tmp_path / "missing") is None and bs.draft_vocab(None) is None
+
+
+def test_cycle_breakdown_is_in_decode_steps_of_the_profiled_baseline():
+    profiles = {
+        "nospec": {"per_cycle_ms": {"total": 8.0, "target_graph_kernels": 7.0}},
+        "spec-3-1-4": {
+            "per_cycle_ms": {"total": 10.0, "target_graph_kernels": 8.0,
+                             "drafter_graph_kernels": 1.2, "other_kernels": 0.2,
+                             "gpu_idle": 0.6},
+            "kernel_families": {"target_graph": {"merge_state": {"calls_per_cycle": 0.0}}},
+        },
+        "spec-4-4-8": {"error": "no trace"},
+    }
+    out = bs.cycle_breakdown(profiles, SPECS)
+    assert out["decode_step_ms"] == 8.0
+    chain = out["servers"]["spec-3-1-4"]
+    assert chain["setting"] == "3,1,4" and chain["merge_state_per_verify"] == 0.0
+    assert chain["decode_steps"] == {"total": 1.25, "target_graph_kernels": 1.0,
+                                     "drafter_graph_kernels": 0.15, "other_kernels": 0.025,
+                                     "gpu_idle": 0.075}
+    assert "spec-4-4-8" not in out["servers"]  # its profile failed: no split, no figure
+    assert bs.cycle_breakdown({"spec-3-1-4": profiles["spec-3-1-4"]}, SPECS) is None
