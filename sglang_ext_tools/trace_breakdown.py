@@ -137,12 +137,15 @@ def top_kernels(trace: Mapping[str, Any], n: int = 6) -> dict[str, list[dict[str
     return out
 
 
-# Kernel families whose count says which attention path ran: FA3's kernels (SGLang's
-# sgl_kernel / flash_attn builds are named in the flash:: namespace) and merge_state, which
-# only cascade attention (topk > 1: prefix and tree part merged) launches.
+# Kernel families whose count says which attention path ran: FA3's kernels (sgl_kernel's
+# flash_ops are in the flash:: namespace: FlashAttnFwdSm90, its split-KV FlashAttnFwdCombine
+# and prepare_varlen_num_blocks_kernel, so one FA3 call may count more than one launch) and the
+# merge that only cascade attention launches (topk > 1: prefix and tree parts merged;
+# sgl_kernel's merge_state_v2 runs merge_attn_states_kernel, its symbol in
+# sgl_kernel/sm90/common_ops.abi3.so).
 KERNEL_FAMILIES: dict[str, tuple[str, ...]] = {
     "flash_attention": ("flash::", "flash_fwd", "flashattn"),
-    "merge_state": ("merge_state",),
+    "merge_state": ("merge_attn_states", "merge_state"),
 }
 
 

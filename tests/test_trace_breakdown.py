@@ -113,7 +113,7 @@ def test_kernel_families_count_the_cascade_merges():
     for k in verify[::4]:  # 10 of each graph's 40: an FA3 call
         k["name"] = "void flash::FlashAttnFwdSm90<...>"
     for k in verify[1::8]:  # 5 of 40: a merge after it
-        k["name"] = "void merge_state_v2_kernel<...>"
+        k["name"] = "void merge_attn_states_kernel<__nv_bfloat16, 128u>(...)"  # merge_state_v2
     out = kernel_families(trace)["target_graph"]
     assert out["flash_attention"] == {"calls_per_cycle": 10.0, "us_per_cycle": 1000.0}
     assert out["merge_state"] == {"calls_per_cycle": 5.0, "us_per_cycle": 500.0}
