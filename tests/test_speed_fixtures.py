@@ -158,14 +158,11 @@ def test_padded_argmax_is_detected():
     module.require_real_argmax(unpadded, "no padding: nothing to check")
 
 
-def test_function_check_fails_loudly_on_a_negative_top_logit(tmp_path):
-    """A small target whose lm_head rows are all one vector: every real logit is the same,
-    negative at about half the positions, where the padded ids' 0 wins the argmax."""
+def _tiny_llama():
+    """A 2-layer Llama target (vocab 64, hidden 32) with seeded random weights, for the
+    caller to shape and save."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from sglang_ext_tools import widen
-
-    module = importlib.import_module("sglang_ext_tools.fixtures.make_speed_fixtures")
     cfg = LlamaConfig(
         vocab_size=64,
         hidden_size=32,
@@ -178,7 +175,16 @@ def test_function_check_fails_loudly_on_a_negative_top_logit(tmp_path):
         tie_word_embeddings=False,
     )
     torch.manual_seed(0)
-    model = LlamaForCausalLM(cfg).eval()
+    return LlamaForCausalLM(cfg).eval()
+
+
+def test_function_check_fails_loudly_on_a_negative_top_logit(tmp_path):
+    """A small target whose lm_head rows are all one vector: every real logit is the same,
+    negative at about half the positions, where the padded ids' 0 wins the argmax."""
+    from sglang_ext_tools import widen
+
+    module = importlib.import_module("sglang_ext_tools.fixtures.make_speed_fixtures")
+    model = _tiny_llama()
     with torch.no_grad():
         model.lm_head.weight.copy_(torch.randn(1, 32).expand(64, 32))
     model.save_pretrained(tmp_path / "small")
@@ -193,24 +199,10 @@ def test_function_check_in_bf16_holds_both_models_against_fp32(tmp_path):
     """The 8B fixture's check on CUDA: a widening by 3 (1/sqrt(3) rounds in bf16) with
     identity layers and padded vocabulary rows is as close to the fp32 function as the small
     model is (fixtures.bf16_check)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from sglang_ext_tools import widen
 
     module = importlib.import_module("sglang_ext_tools.fixtures.make_speed_fixtures")
-    cfg = LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(cfg).eval()
+    model = _tiny_llama()
     with torch.no_grad():  # logits far from ties, top-1 positive (the padded rows give 0)
         for p in model.parameters():
             if p.dim() == 2:
