@@ -9,10 +9,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from test_widen_mla import small_model_dir  # noqa: E402
+
 from sglang_ext_tools import widen_mla as wm  # noqa: E402
 from sglang_ext_tools.fixtures import make_mla_fixtures as mla  # noqa: E402
-from sglang_ext_tools.fixtures.common import dsv3_cfg  # noqa: E402
-from sglang_ext_tools.fixtures.targets import build_dsv3  # noqa: E402
 
 # hidden 32 -> 64 (ratio 2: 1/sqrt(2) rounds in bf16) and -> 128 (ratio 4: exact halving);
 # the first also grows the latent and the softmax factor (sqrt((48 + 16) / (8 + 8)) = 2)
@@ -23,15 +23,7 @@ CHUNKS = torch.randint(3, 96, (12, 64), generator=torch.Generator().manual_seed(
 
 @pytest.fixture(scope="module")
 def small_dir(tmp_path_factory):
-    torch.manual_seed(0)
-    model = build_dsv3(dsv3_cfg(3, 32, 64, 16, 2, 4, 16, 16, 8, 8, 8), 96)
-    with torch.no_grad():  # larger weights than the init: logits far from a tie
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.mul_(4.0)
-    directory = tmp_path_factory.mktemp("small")
-    model.save_pretrained(str(directory))
-    return directory
+    return small_model_dir(tmp_path_factory.mktemp("small"))
 
 
 @pytest.fixture(scope="module")

@@ -18,17 +18,23 @@ from sglang_ext_tools.fixtures.targets import build_dsv3  # noqa: E402
 from sglang_ext_tools.widen import WidenError  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def small_dir(tmp_path_factory):
+def small_model_dir(tmp_path, **config):
+    """A tiny 3-layer DeepSeek-V3 (hidden 32, vocab 96; ``config`` overrides) saved to
+    ``tmp_path/small``, seeded, its matrices x4: larger weights than the init give logits
+    far from a tie."""
     torch.manual_seed(0)
-    model = build_dsv3(dsv3_cfg(3, 32, 64, 16, 2, 4, 16, 16, 8, 8, 8), 96)
-    with torch.no_grad():  # larger weights than the init: logits far from a tie
+    model = build_dsv3({**dsv3_cfg(3, 32, 64, 16, 2, 4, 16, 16, 8, 8, 8), **config}, 96)
+    with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 2:
                 p.mul_(4.0)
-    directory = tmp_path_factory.mktemp("small")
-    model.save_pretrained(str(directory))
-    return directory
+    model.save_pretrained(str(tmp_path / "small"))
+    return tmp_path / "small"
+
+
+@pytest.fixture(scope="module")
+def small_dir(tmp_path_factory):
+    return small_model_dir(tmp_path_factory.mktemp("small"))
 
 
 def logits(directory, ids):
@@ -51,17 +57,6 @@ def test_the_widened_target_predicts_what_the_small_one_does(small_dir, tmp_path
     assert widened.shape == small.shape
     torch.testing.assert_close(widened, small, atol=2e-4, rtol=1e-4)
     assert torch.equal(widened.argmax(-1), small.argmax(-1))
-
-
-def small_model_dir(tmp_path, **config):
-    torch.manual_seed(0)
-    model = build_dsv3({**dsv3_cfg(3, 32, 64, 16, 2, 4, 16, 16, 8, 8, 8), **config}, 96)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.mul_(4.0)
-    model.save_pretrained(str(tmp_path / "small"))
-    return tmp_path / "small"
 
 
 # DeepSeek's pairs are interleaved (rope_interleave, the default); the neox layout pads each half.
