@@ -22,10 +22,6 @@ from sglang_ext.cli.moe_fanout import MoeFanout
 CHAIN_ETA_GOAL = 0.82  # issue #24: 95 % of stock's dummy-probe ceiling (0.864)
 
 
-def _rows_by_setting(result: dict, path: str) -> dict[tune.Setting, dict]:
-    return tune.bench_rows(result, path)
-
-
 def cycle(row: dict) -> float | None:
     """Decode steps per verify cycle as measured: tau / speedup."""
     if row.get("tau") is None or not row.get("speedup"):
@@ -36,8 +32,8 @@ def cycle(row: dict) -> float | None:
 def build(
     bench: dict, probe: dict, fixtures: dict, config: dict, records: list[dict], paths: dict
 ) -> dict[str, Any]:
-    trained = _rows_by_setting(bench, paths["bench"])
-    dummy = _rows_by_setting(probe, paths["probe"])
+    trained = tune.bench_rows(bench, paths["bench"])
+    dummy = tune.bench_rows(probe, paths["probe"])
     fanout = MoeFanout.from_config(config, paths["target_config"])
     split = {}
     for setting, row in trained.items():
