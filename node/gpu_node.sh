@@ -250,24 +250,28 @@ speed-one-start)
     SGLANG_EXT_SITE=/tmp/site523 start_detached speed-pipeline "$SPEED" SPEED_BENCH_ARGS "$@"
     ;;
 speed-pipeline)
-    # base -> (after `install`) widen-target || drafter nbr=true || drafter nbr=false
-    #      -> widen-drafters -> speed-bench; ends with DONE or FAILED. Runs detached, so no
-    # idle gap between device calls can lose it: `speed-wait` only watches.
+    # base -> widen-target || drafter nbr=true || drafter nbr=false -> widen-drafters, all on
+    # the training site (torch, transformers, speculators: .wh/s1), so the fixtures are built
+    # while the wheel set still travels (~400 s of the 0.5.23 ferry + install; the drafters
+    # alone were 236 s on 2026-11-29); then (after `install`) speed-bench. Ends with DONE or
+    # FAILED. Runs detached, so no idle gap between device calls can lose it: `speed-wait`
+    # only watches.
     cd /tmp/repo
-    run() { PYTHONPATH="$1" python3 -m sglang_ext_tools.fixtures.make_speed_fixtures --out "$SPEED" "${@:2}"; }
+    run() { PYTHONPATH="$TRAIN_SITE" python3 -m sglang_ext_tools.fixtures.make_speed_fixtures --out "$SPEED" "$@"; }
     ok=0
-    if run "$TRAIN_SITE" --stage base; then
-        while [ ! -f "$INSTALLED" ]; do sleep 2; done
-        run "$SITE" --stage widen-target >"$SPEED/widen-target.log" 2>&1 &
+    if run --stage base; then
+        run --stage widen-target >"$SPEED/widen-target.log" 2>&1 &
         p0=$!
-        run "$SITE" --stage drafter --nbr true >"$SPEED/drafter-true.log" 2>&1 &
+        run --stage drafter --nbr true >"$SPEED/drafter-true.log" 2>&1 &
         p1=$!
-        run "$SITE" --stage drafter --nbr false >"$SPEED/drafter-false.log" 2>&1 &
+        run --stage drafter --nbr false >"$SPEED/drafter-false.log" 2>&1 &
         p2=$!
-        if wait "$p0" && wait "$p1" && wait "$p2" && run "$SITE" --stage widen-drafters; then
+        if wait "$p0" && wait "$p1" && wait "$p2" && run --stage widen-drafters; then
             ok=1
         fi
     fi
+    echo "fixtures done (ok=$ok) at $(date +%T); waiting for the install"
+    while [ ! -f "$INSTALLED" ]; do sleep 2; done
     if [ "$ok" = 1 ]; then
         # shellcheck disable=SC2086  # bench flags, split on purpose
         OUT="$SPEED/result" PYTHONPATH="$SITE" timeout -s INT "${SPEED_BENCH_LIMIT:-560}" \
@@ -416,7 +420,8 @@ speed-wait)
     tail -n 3 "$SPEED"/*.log 2>/dev/null | grep -v Warning
     tail -n 25 "$SPEED/result/bench.log" 2>/dev/null
     cp "$SPEED"/stage-*.json "$SPEED"/speed-fixtures.json "$OUT"/ 2>/dev/null || true
-    cp "$SPEED"/result/speed.json "$SPEED"/result/speed.png "$OUT"/ 2>/dev/null || true
+    cp "$SPEED"/result/speed.json "$SPEED"/result/speed.png "$SPEED"/result/bench.log \
+        "$SPEED"/result/server-logs.tgz "$SPEED"/pipeline.log "$OUT"/ 2>/dev/null || true
     nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
     [ -f "$SPEED/DONE" ]
     ;;
