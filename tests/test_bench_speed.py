@@ -719,23 +719,90 @@ def test_rows_say_each_drafters_draft_vocabulary(prompts_file, tmp_path):
     assert bs.draft_vocab(tmp_path / "missing") is None and bs.draft_vocab(None) is None
 
 
-def test_cycle_breakdown_is_in_decode_steps_of_the_profiled_baseline():
+def test_cycle_breakdown_takes_kernels_from_the_trace_and_the_cycle_from_the_timed_rounds():
+    # traced: the host runs slow under the profiler (idle 6 ms of a 15 ms cycle); timed: the
+    # baseline decodes 200 tok/s (5 ms a step) and the chain 360 tok/s at tau 2.4 (6.667 ms)
     profiles = {
-        "nospec": {"per_cycle_ms": {"total": 8.0, "target_graph_kernels": 7.0}},
+        "nospec": {"per_cycle_ms": {"total": 10.0, "target_graph_kernels": 4.6,
+                                    "other_kernels": 0.25, "gpu_idle": 5.15}},
         "spec-3-1-4": {
-            "per_cycle_ms": {"total": 10.0, "target_graph_kernels": 8.0,
-                             "drafter_graph_kernels": 1.2, "other_kernels": 0.2,
-                             "gpu_idle": 0.6},
-            "kernel_families": {"target_graph": {"merge_state": {"calls_per_cycle": 0.0}}},
+            "per_cycle_ms": {"total": 15.0, "target_graph_kernels": 4.9,
+                             "drafter_graph_kernels": 0.75, "other_kernels": 0.3,
+                             "gpu_idle": 9.05},
+            "kernel_families": {"target_graph": {"flash_attention": {"calls_per_cycle": 96.0},
+                                                 "merge_state": {"calls_per_cycle": 0.0}}},
         },
+        "spec-5-1-6": {"per_cycle_ms": {"total": 16.0, "target_graph_kernels": 4.9}},
         "spec-4-4-8": {"error": "no trace"},
     }
-    out = bs.cycle_breakdown(profiles, SPECS)
-    assert out["decode_step_ms"] == 8.0
+    rows = [
+        {"server": "spec-3-1-4", "batch": 1, "nospec_tok_s": 200.0, "spec_tok_s": 360.0,
+         "tau": 2.4, "overlap": True},
+        {"server": "spec-3-1-4", "batch": 4, "nospec_tok_s": 700.0, "spec_tok_s": 1.0,
+         "tau": 2.4},
+        {"server": "spec-5-1-6", "batch": 1, "nospec_tok_s": 200.0, "spec_tok_s": None,
+         "tau": None},  # not measured: no cycle, so no split
+    ]
+    out = bs.cycle_breakdown(profiles, SPECS, rows)
+    assert out["baseline"] == {"profiled_step_ms": 10.0, "target_graph_ms": 4.6,
+                               "other_kernels_ms": 0.25}
     chain = out["servers"]["spec-3-1-4"]
-    assert chain["setting"] == "3,1,4" and chain["merge_state_per_verify"] == 0.0
-    assert chain["decode_steps"] == {"total": 1.25, "target_graph_kernels": 1.0,
-                                     "drafter_graph_kernels": 0.15, "other_kernels": 0.025,
-                                     "gpu_idle": 0.075}
-    assert "spec-4-4-8" not in out["servers"]  # its profile failed: no split, no figure
-    assert bs.cycle_breakdown({"spec-3-1-4": profiles["spec-3-1-4"]}, SPECS) is None
+    assert chain["setting"] == "3,1,4" and chain["overlap"] is True
+    assert chain["decode_step_ms"] == 5.0 and chain["cycle_ms"] == pytest.approx(6.667)
+    steps = chain["decode_steps"]
+    assert steps["total"] == pytest.approx(2.4 / 1.8, abs=1e-4)  # = the row's tau / speedup
+    assert (steps["target_verify"], steps["drafter"], steps["other_kernels"]) == (
+        0.98, 0.15, 0.06)
+    assert steps["host"] == pytest.approx((6.6667 - 5.95) / 5.0, abs=1e-4)
+    assert sum(steps.values()) - steps["total"] == pytest.approx(steps["total"], abs=2e-4)
+    assert chain["profiled_cycle_ms"] == 15.0
+    assert chain["flash_attention_per_verify"] == 96.0 and chain["merge_state_per_verify"] == 0.0
+    assert set(out["servers"]) == {"spec-3-1-4"}  # failed trace / unmeasured row: no figure
+    assert bs.cycle_breakdown({"spec-3-1-4": profiles["spec-3-1-4"]}, SPECS, rows) is None
+
+
+def _paired(server, group, seconds, rounds=2):
+    """Batch-1 measurements of one server: each prompt's latency per round."""
+    return [
+        {**_m(server, 1, r, len(seconds) * 128 / sum(seconds), tokens=len(seconds) * 128,
+              verify=40 * len(seconds) if server != "nospec" else None),
+         "group": group, "latency_s": list(seconds)}
+        for r in range(rounds)
+    ]
+
+
+def _grouped_result(plugin_seconds, stock_seconds):
+    meta = {"batches": [1], "attention_backend": "fa3"}
+    groups = [["nospec", "spec-3-1-4", "spec-5-1-6"],
+              ["nospec", "nbrfalse-plugin-5-1-6", "nbrfalse-stock-5-1-6"]]
+    base = [1.0, 1.2, 0.8, 1.1, 0.9, 1.0, 1.3, 0.7]
+    ms = _paired("nospec", 0, base) + _paired("nospec", 1, base)
+    ms += _paired("spec-3-1-4", 0, [t / 2 for t in base])
+    ms += _paired("spec-5-1-6", 0, [t / 2.2 for t in base])
+    ms += _paired("nbrfalse-plugin-5-1-6", 1, plugin_seconds)
+    ms += _paired("nbrfalse-stock-5-1-6", 1, stock_seconds)
+    specs = [s for s in SPECS if s["name"] != "spec-4-4-8"]
+    servers = [{"name": s["name"], "status": "ready"} for s in specs]
+    return bs.build_result(meta, servers, ms, specs, (5, 1, 6), None, groups)
+
+
+def test_plugin_vs_stock_goal_reads_the_pair_run_in_another_group_and_judges_its_interval():
+    # the same math on both servers: per-prompt times scattered around equal, plugin 1.1 %
+    # slower in total -- a point estimate under 0.99 whose interval reaches above it
+    stock = [0.50, 0.62, 0.38, 0.55, 0.47, 0.49, 0.66, 0.33]
+    plugin = [0.53, 0.60, 0.40, 0.55, 0.45, 0.50, 0.68, 0.3345]
+    result = _grouped_result(plugin, stock)
+    pair = _row(result["rows"], bs.NBR_PLUGIN, (5, 1, 6), 1)
+    assert pair["plugin_vs_stock"] == pytest.approx(sum(stock) / sum(plugin), abs=1e-4)
+    lo, hi = pair["plugin_vs_stock_ci95"]
+    assert lo < pair["plugin_vs_stock"] < 0.99 < hi
+    # the main drafter's 5,1,6 row ran in group 0, without the pair: no figure of its own
+    assert _row(result["rows"], bs.MAIN, (5, 1, 6), 1)["plugin_vs_stock"] is None
+    goals = result["goals"]
+    assert goals["plugin_vs_stock"] == pair["plugin_vs_stock"]
+    assert goals["plugin_vs_stock_ci95"] == [lo, hi]
+    assert goals["plugin_vs_stock_ge_0_99"] is True  # not shown below 0.99: noise
+    # a plugin 5 % slower on every prompt: the interval lies below 0.99 and the goal fails
+    slow = _grouped_result([t * 1.05 for t in stock], stock)
+    assert slow["goals"]["plugin_vs_stock_ci95"][1] < 0.99
+    assert slow["goals"]["plugin_vs_stock_ge_0_99"] is False
