@@ -1122,10 +1122,116 @@ def merge_main(argv: Sequence[str]) -> int:
     return 0
 
 
+RESULT_PARTS = (
+    "schema_version",
+    "groups",
+    "compare_setting",
+    "servers",
+    "rows",
+    "best",
+    "goals",
+    "measurements",
+    "fixtures",
+    "profiles",
+    "cycle_breakdown",
+    "specs",
+    "rebuilt",
+)
+
+
+def specs_of(result: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A run's server specs: the stored ones, else (results before 2026-12-02) rebuilt from
+    its server records and rows -- role, setting, the overlap flag in the command, the
+    variant's label from its name, the draft vocabulary its rows said. (A ``--noise`` run's
+    second baseline measurement has no server record: only stored specs bring it back.)"""
+    if result.get("specs"):
+        return [
+            dict(s, setting=tuple(s["setting"]) if s.get("setting") else None)
+            for s in result["specs"]
+        ]
+    vocab = {r["server"]: r.get("draft_vocab") for r in result.get("rows", [])}
+    specs = []
+    for server in result["servers"]:
+        setting = tuple(server["setting"]) if server.get("setting") else None
+        spec = {
+            "name": server["name"],
+            "role": server["role"],
+            "setting": setting,
+            "draft_vocab": vocab.get(server["name"]),
+        }
+        if NO_OVERLAP in (server.get("command") or []):
+            spec["extra"] = [NO_OVERLAP]
+        if server["role"] == "variant":
+            spec["label"] = server["name"].rsplit("-", 1)[-1]
+        specs.append(spec)
+    return specs
+
+
+def rebuild(result: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """A result's rows, best, goals and cycle breakdown derived again, by this version's
+    code, from what the run measured (its measurements, server records and traces' parts);
+    ``rebuilt`` says from which file and by what."""
+    meta = {k: v for k, v in result.items() if k not in RESULT_PARTS}
+    specs = specs_of(result)
+    compare = tuple(result["compare_setting"]) if result.get("compare_setting") else None
+    out = build_result(
+        meta,
+        result["servers"],
+        result["measurements"],
+        specs,
+        compare,
+        result.get("fixtures"),
+        result.get("groups"),
+    )
+    out["specs"] = specs
+    if result.get("profiles"):
+        out["profiles"] = result["profiles"]
+        out["cycle_breakdown"] = cycle_breakdown(result["profiles"], specs, out["rows"])
+    out["rebuilt"] = {
+        "from": source,
+        "by": f"sglang_ext_tools.bench_speed rebuild (sglang-ext {package_version('sglang-ext')})",
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    }
+    return out
+
+
+def rebuild_main(argv: Sequence[str]) -> int:
+    """``bench_speed.py rebuild RUN.json --out-json OUT [--out-png PNG]``: a run's derived
+    figures again from its measurements, by this version's code."""
+    parser = argparse.ArgumentParser(
+        prog="bench_speed.py rebuild", description=rebuild_main.__doc__
+    )
+    parser.add_argument("run", type=Path)
+    parser.add_argument("--out-json", type=Path, required=True)
+    parser.add_argument("--out-png")
+    args = parser.parse_args(argv)
+    try:
+        result = json.loads(args.run.read_text())
+    except (OSError, ValueError) as exc:
+        print(f"error: {args.run}: not a bench_speed result ({exc})", file=sys.stderr)
+        return 2
+    missing = [k for k in ("servers", "measurements", "batches") if k not in result]
+    if missing:
+        print(f"error: {args.run}: no {', '.join(missing)}: not a bench_speed run", file=sys.stderr)
+        return 2
+    if args.out_json.exists():
+        print(f"error: {args.out_json} exists; not overwritten", file=sys.stderr)
+        return 2
+    out = rebuild(result, str(args.run))
+    args.out_json.write_text(json.dumps(out, indent=2) + "\n")
+    print(format_table(out["rows"]))
+    print(f"goals: {json.dumps(out['goals'])}")
+    if args.out_png:
+        write_png(out, args.out_png)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["merge"]:
         return merge_main(argv[1:])
+    if argv[:1] == ["rebuild"]:
+        return rebuild_main(argv[1:])
     args = parse_args(argv)
     try:
         prompts, source = load_prompts(args.prompts)
@@ -1246,6 +1352,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = build_result(
         meta, server_records, measurements, specs, args.compare, fixtures, args.groups
     )
+    result["specs"] = specs
     if args.profile:
         result["profiles"] = profiles
         result["cycle_breakdown"] = cycle_breakdown(profiles, specs, result["rows"])

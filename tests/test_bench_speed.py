@@ -806,3 +806,43 @@ def test_plugin_vs_stock_goal_reads_the_pair_run_in_another_group_and_judges_its
     slow = _grouped_result([t * 1.05 for t in stock], stock)
     assert slow["goals"]["plugin_vs_stock_ci95"][1] < 0.99
     assert slow["goals"]["plugin_vs_stock_ge_0_99"] is False
+
+
+def test_rebuild_derives_the_same_figures_from_the_measurements_with_or_without_specs(tmp_path):
+    original = json.loads(json.dumps(_grouped_result(
+        [0.53, 0.60, 0.40, 0.55, 0.45, 0.50, 0.68, 0.3345],
+        [0.50, 0.62, 0.38, 0.55, 0.47, 0.49, 0.66, 0.33])))
+    commands = {"spec-3-1-4": ["python", "-m", "sglang.launch_server", bs.NO_OVERLAP]}
+    original["servers"] = [
+        {"name": s["name"], "role": s["role"], "setting": s["setting"], "status": "ready",
+         "command": commands.get(s["name"], ["python", "-m", "sglang.launch_server"])}
+        for s in SPECS if s["name"] != "spec-4-4-8"
+    ]
+    # a stored run: derived parts stale (as written by an older version), no specs
+    stale = {**original, "goals": {"plugin_vs_stock": None},
+             "rows": [{**r, "plugin_vs_stock_ci95": None} for r in original["rows"]]}
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(stale))
+    out = tmp_path / "rebuilt.json"
+    assert bs.main(["rebuild", str(path), "--out-json", str(out)]) == 0
+    rebuilt = json.loads(out.read_text())
+    assert rebuilt["rebuilt"]["from"] == str(path)
+    assert rebuilt["goals"]["plugin_vs_stock_ci95"] == original["goals"]["plugin_vs_stock_ci95"]
+    assert rebuilt["goals"]["plugin_vs_stock_ge_0_99"] is True
+    by_server = {(r["server"], r["batch"]): r for r in rebuilt["rows"]}
+    for row in original["rows"]:
+        again = by_server[(row["server"], row["batch"])]
+        same = ("speedup", "speedup_ci95", "tau", "plugin_vs_stock", "plugin_vs_stock_ci95")
+        assert {k: again[k] for k in same} == {k: row[k] for k in same}
+    # the overlap flag came back from the server's command
+    assert by_server[("spec-3-1-4", 1)]["overlap"] is False
+    assert by_server[("spec-5-1-6", 1)]["overlap"] is True
+    # never over an existing file; not a run: usage error
+    assert bs.main(["rebuild", str(path), "--out-json", str(out)]) == 2
+    (tmp_path / "rows.json").write_text(json.dumps({"rows": []}))
+    assert bs.main(["rebuild", str(tmp_path / "rows.json"), "--out-json",
+                    str(tmp_path / "x.json")]) == 2
+    # stored specs win over the records (a new run's file)
+    assert bs.specs_of({**stale, "specs": [{"name": "nospec", "role": "nospec",
+                                            "setting": None}]}) == [
+        {"name": "nospec", "role": "nospec", "setting": None}]
