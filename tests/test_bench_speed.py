@@ -519,18 +519,25 @@ def test_committed_speed_results_are_self_consistent(path):
     data = json.loads(path.read_text())
     assert {"date", "gpu", "sglang_version", "rows", "measurements", "command"} <= set(data)
     assert data["gpu"] and data["sglang_version"] and data["rows"]
-    recomputed = bs.aggregate(data["measurements"])
+    def recomputed(group):  # a grouped run times each group against its own baseline
+        return bs.aggregate([m for m in data["measurements"] if m.get("group", 0) == group])
+
     for row in data["rows"]:
         assert ROW_KEYS <= set(row)
         assert row["speedup"] == pytest.approx(row["spec_tok_s"] / row["nospec_tok_s"], rel=1e-3)
         assert row["eta"] == pytest.approx(row["speedup"] / row["tau"], rel=1e-3)
-    spec_rows = [r for r in data["rows"] if r["drafter"] == "speculators (plugin)"]
-    for row in spec_rows:
-        name = f"spec-{row['steps']}-{row['topk']}-{row['draft_tokens']}"
-        assert recomputed[(name, row["batch"])]["tok_s"] == pytest.approx(row["spec_tok_s"], 1e-3)
-        assert recomputed[("nospec", row["batch"])]["tok_s"] == pytest.approx(
+        again = recomputed(row.get("group", 0))
+        assert again[(row["server"], row["batch"])]["tok_s"] == pytest.approx(
+            row["spec_tok_s"], 1e-3
+        )
+        assert again[("nospec", row["batch"])]["tok_s"] == pytest.approx(
             row["nospec_tok_s"], 1e-3
         )
+    if data.get("rebuilt"):  # derived again from a committed run: the same as rebuilding it
+        source = json.loads((RESULTS.parent.parent.parent / data["rebuilt"]["from"]).read_text())
+        fresh = bs.rebuild(source, data["rebuilt"]["from"])
+        for key in ("rows", "best", "goals", "cycle_breakdown"):
+            assert data[key] == json.loads(json.dumps(fresh[key])), key
 
 
 def test_profile_server_asks_sglang_to_profile_and_reads_its_trace(tmp_path, monkeypatch):
