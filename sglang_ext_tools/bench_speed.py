@@ -50,6 +50,7 @@ from sglang_ext_tools.trace_breakdown import (
     kernel_families,
     load_trace,
     newest_trace,
+    steady_breakdown,
     top_kernels,
 )
 
@@ -567,6 +568,7 @@ def cycle_breakdown(
     profiles: Mapping[str, Mapping[str, Any]],
     specs: Sequence[Mapping[str, Any]],
     rows: Sequence[Mapping[str, Any]],
+    new_tokens: int | None = None,
 ) -> dict[str, Any] | None:
     """Each profiled speculative server's batch-1 cycle split in decode steps. The torch
     profiler slows the host (2026-12-02, H200: the traced no-speculation step took 10.06 ms,
@@ -575,10 +577,22 @@ def cycle_breakdown(
     cycle and the decode step from the timed rounds of the server's row (cycle = tau / spec
     tok/s, step = 1 / nospec tok/s of its group), and ``host`` (GPU idle while serving) is
     the difference. With FA3's cascade launches per verify. None without a profiled
-    baseline."""
+    baseline.
+
+    Where the traces have whole cycles (``steady``: trace_breakdown.steady_breakdown) and
+    ``new_tokens`` (each request's completion length) is known, the parts are steady decode
+    cycles and the request's prefill comes out of the timed figures too: its GPU time (the
+    trace's kernels before the first cycle) over the request's tau-long cycles (``split``
+    "steady"); else the parts spread the prefill over the traced window (``split``
+    "window", as in results before 2026-12-03)."""
     base = (profiles.get("nospec") or {}).get("per_cycle_ms") or {}
     if not base.get("total"):
         return None
+    base_steady = (profiles.get("nospec") or {}).get("steady") or None
+
+    def prefill_ms(profile: Mapping[str, Any]) -> float:
+        return profile["steady"]["before_first_cycle_ms"]["gpu_kernels"]
+
     at_b1 = {r["server"]: r for r in rows if r["batch"] == 1 and r.get("spec_tok_s")}
     kernels = ("target_graph_kernels", "drafter_graph_kernels", "other_kernels")
     servers = {}
@@ -589,11 +603,17 @@ def cycle_breakdown(
             continue
         step_ms = 1000.0 / row["nospec_tok_s"]
         cycle_ms = 1000.0 * row["tau"] / row["spec_tok_s"]
+        steady = bool(new_tokens and base_steady and profile.get("steady"))
+        if steady:
+            parts = profile["steady"]["per_cycle_ms"]
+            step_ms -= prefill_ms(profiles["nospec"]) / new_tokens
+            cycle_ms -= prefill_ms(profile) * row["tau"] / new_tokens
         busy = {k: parts.get(k) or 0.0 for k in kernels}
         families = (profile.get("kernel_families") or {}).get("target_graph") or {}
         servers[spec["name"]] = {
             "setting": label(spec["setting"]),
             "overlap": row.get("overlap"),
+            "split": "steady" if steady else "window",
             "decode_step_ms": _r(step_ms, 3),
             "cycle_ms": _r(cycle_ms, 3),
             "decode_steps": {
@@ -604,6 +624,14 @@ def cycle_breakdown(
                 "host": _r((cycle_ms - sum(busy.values())) / step_ms),
             },
             "profiled_cycle_ms": parts.get("total"),
+            **(
+                {
+                    "prefill_gpu_ms": prefill_ms(profile),
+                    "traced_gpu_idle_before_ms": profile["steady"]["gpu_idle_before_ms"],
+                }
+                if steady
+                else {}
+            ),
             **{
                 f"{family}_per_verify": (families.get(family) or {}).get("calls_per_cycle")
                 for family in ("flash_attention", "merge_state")
@@ -1062,6 +1090,7 @@ def profile_server(server: Server, prompt: Any, args: argparse.Namespace) -> dic
             trace = load_trace(path)
             out = {
                 **breakdown(trace),
+                "steady": steady_breakdown(trace),
                 # which attention path ran (cascade for trees: merge_state) and the costliest
                 # kernels: the traces themselves stay on the node
                 "kernel_families": kernel_families(trace),
@@ -1186,7 +1215,9 @@ def rebuild(result: Mapping[str, Any], source: str) -> dict[str, Any]:
     out["specs"] = specs
     if result.get("profiles"):
         out["profiles"] = result["profiles"]
-        out["cycle_breakdown"] = cycle_breakdown(result["profiles"], specs, out["rows"])
+        out["cycle_breakdown"] = cycle_breakdown(
+            result["profiles"], specs, out["rows"], result.get("max_new_tokens")
+        )
     out["rebuilt"] = {
         "from": source,
         "by": f"sglang_ext_tools.bench_speed rebuild (sglang-ext {package_version('sglang-ext')})",
@@ -1355,7 +1386,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     result["specs"] = specs
     if args.profile:
         result["profiles"] = profiles
-        result["cycle_breakdown"] = cycle_breakdown(profiles, specs, result["rows"])
+        result["cycle_breakdown"] = cycle_breakdown(
+            profiles, specs, result["rows"], args.max_new_tokens
+        )
     out_json = Path(args.out_json or Path(args.log_dir) / "bench_speed.json")
     out_json.parent.mkdir(parents=True, exist_ok=True)
     out_json.write_text(json.dumps(result, indent=2) + "\n")

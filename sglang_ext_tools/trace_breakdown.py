@@ -107,6 +107,54 @@ def breakdown(trace: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def steady_breakdown(trace: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Per-cycle milliseconds over whole decode cycles only: from the first target graph's
+    first kernel to the last one's (cycles = target launches - 1). The request's prefill, the
+    drafter's first draft and the tail after the last target graph stay out of it (their GPU
+    time: ``before_first_cycle_ms``), where ``breakdown`` spreads them over its window (on
+    2026-12-02 the prefill was most of its "other kernels"). The GPU's idle time is split by
+    what it waited to start: a target graph, a drafter graph or a kernel outside any graph
+    (where the host falls behind, the wait lands before the launch it was late with). None
+    with fewer than two target graphs."""
+    kernels, target, drafter, loose = _kernels_by_graph(trace)
+    if len(target) < 2:
+        return None
+    start, end = min(k["ts"] for k in target[0]), min(k["ts"] for k in target[-1])
+    cycles = len(target) - 1
+    classes = {id(k): "target_graph" for g in target for k in g}
+    classes.update({id(k): "drafter_graph" for g in drafter for k in g})
+    busy = {"target_graph": 0.0, "drafter_graph": 0.0, "other_kernels": 0.0}
+    idle = dict.fromkeys(busy, 0.0)
+    reached = start
+    for k in sorted((k for k in kernels if start <= k["ts"] < end), key=lambda k: k["ts"]):
+        cls = classes.get(id(k), "other_kernels")
+        busy[cls] += min(k["ts"] + k.get("dur", 0), end) - k["ts"]
+        if k["ts"] > reached:
+            idle[cls] += k["ts"] - reached
+        reached = max(reached, k["ts"] + k.get("dur", 0))
+    idle["target_graph"] += max(end - reached, 0.0)  # the wait for the window's last verify
+    before = [k for k in kernels if k["ts"] < start]
+
+    def ms(us: float) -> float:
+        return round(us / cycles / 1000, 4)
+
+    return {
+        "cycles": cycles,
+        "per_cycle_ms": {
+            "total": ms(end - start),
+            "target_graph_kernels": ms(busy["target_graph"]),
+            "drafter_graph_kernels": ms(busy["drafter_graph"]),
+            "other_kernels": ms(busy["other_kernels"]),
+            "gpu_idle": ms(sum(idle.values())),
+        },
+        "gpu_idle_before_ms": {cls: ms(us) for cls, us in idle.items()},
+        "before_first_cycle_ms": {
+            "gpu_kernels": round(_gpu_us(before) / 1000, 3),
+            "wall": round((start - min(k["ts"] for k in kernels)) / 1000, 3),
+        },
+    }
+
+
 def newest_trace(directory: str | Path, patterns: Sequence[str] = ("*.trace.json.gz",)) -> Path:
     found = [p for pattern in patterns for p in Path(directory).rglob(pattern)]
     if not found:
@@ -185,6 +233,7 @@ def summarize(paths: Sequence[str | Path], **meta: Any) -> dict[str, Any]:
             "cuda_driver_api_version": trace.get("cuda_driver_version"),
             "cuda_runtime_version": trace.get("cuda_runtime_version"),
             "breakdown": breakdown(trace),
+            "steady": steady_breakdown(trace),
             "top_kernels": top_kernels(trace),
             "kernel_families": kernel_families(trace),
         }

@@ -853,3 +853,33 @@ def test_rebuild_derives_the_same_figures_from_the_measurements_with_or_without_
     assert bs.specs_of({**stale, "specs": [{"name": "nospec", "role": "nospec",
                                             "setting": None}]}) == [
         {"name": "nospec", "role": "nospec", "setting": None}]
+
+
+def test_cycle_breakdown_of_steady_cycles_takes_the_prefill_out_of_the_timed_figures():
+    def steady(prefill, per_cycle, idle_before=None):
+        return {"per_cycle_ms": per_cycle, "gpu_idle_before_ms": idle_before or {},
+                "before_first_cycle_ms": {"gpu_kernels": prefill, "wall": prefill + 1}}
+
+    profiles = {
+        "nospec": {"per_cycle_ms": {"total": 10.0, "other_kernels": 0.25},
+                   "steady": steady(9.6, {"target_graph_kernels": 4.6, "other_kernels": 0.02})},
+        "spec-3-1-4": {
+            "per_cycle_ms": {"total": 15.0, "target_graph_kernels": 4.9, "other_kernels": 0.3},
+            "steady": steady(10.4, {"target_graph_kernels": 4.9, "drafter_graph_kernels": 0.75,
+                                    "other_kernels": 0.05}, {"target_graph": 0.4}),
+        },
+    }
+    rows = [{"server": "spec-3-1-4", "batch": 1, "nospec_tok_s": 200.0, "spec_tok_s": 360.0,
+             "tau": 2.4, "overlap": True}]
+    chain = bs.cycle_breakdown(profiles, SPECS, rows, new_tokens=128)["servers"]["spec-3-1-4"]
+    step = 5.0 - 9.6 / 128  # the timed step less the prefill spread over 128 tokens
+    cycle = 1000 * 2.4 / 360 - 10.4 * 2.4 / 128  # ... over the request's 128 / tau cycles
+    assert chain["split"] == "steady" and chain["prefill_gpu_ms"] == 10.4
+    assert chain["decode_step_ms"] == pytest.approx(step, abs=1e-3)
+    assert chain["cycle_ms"] == pytest.approx(cycle, abs=1e-3)
+    parts = chain["decode_steps"]
+    assert parts["other_kernels"] == pytest.approx(0.05 / step, abs=1e-4)
+    assert parts["host"] == pytest.approx((cycle - 5.7) / step, abs=1e-4)
+    assert chain["traced_gpu_idle_before_ms"] == {"target_graph": 0.4}
+    # without the completion length (or a steady baseline): the window split, as before
+    assert bs.cycle_breakdown(profiles, SPECS, rows)["servers"]["spec-3-1-4"]["split"] == "window"

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from sglang_ext_tools.trace_breakdown import breakdown, load_trace, newest_trace
+from sglang_ext_tools.trace_breakdown import breakdown, load_trace, newest_trace, steady_breakdown
 
 
 def _trace(cycles: int = 2, gap_us: float = 500.0) -> dict:
@@ -119,3 +119,37 @@ def test_kernel_families_count_the_cascade_merges():
     assert out["merge_state"] == {"calls_per_cycle": 5.0, "us_per_cycle": 500.0}
     drafter = kernel_families(trace)["drafter_graph"]
     assert drafter["merge_state"] == {"calls_per_cycle": 0.0, "us_per_cycle": 0.0}
+
+
+def _with_prefill(trace: dict, us: float = 9000.0) -> dict:
+    """The request's prefill before the first cycle: one long kernel outside any graph."""
+    events = trace["traceEvents"]
+    first = min(e["ts"] for e in events if e.get("cat") == "kernel")
+    events.append({"ph": "X", "cat": "kernel", "name": "prefill", "ts": first - us - 200,
+                   "dur": us, "args": {"correlation": 999}})
+    return trace
+
+
+def test_steady_cycles_leave_the_prefill_out_and_say_what_the_gpu_waited_for():
+    trace = _with_prefill(_trace(cycles=3))
+    whole = breakdown(trace)
+    steady = steady_breakdown(trace)
+    # the window spreads the 9 ms prefill over its 3 cycles; the steady part has none of it
+    assert whole["per_cycle_ms"]["other_kernels"] == pytest.approx(0.05 + 9.0 / 3)
+    assert steady["cycles"] == 2
+    per = steady["per_cycle_ms"]
+    assert (per["target_graph_kernels"], per["drafter_graph_kernels"],
+            per["other_kernels"]) == pytest.approx((4.0, 0.28, 0.05))
+    assert per["gpu_idle"] == pytest.approx(2.0)  # the four 500 us gaps of each cycle
+    assert per["total"] == pytest.approx(4.0 + 0.28 + 0.05 + 2.0)
+    # each gap charged to what started after it: the target graph after the draft, the
+    # drafter's extend after the target and its next draft after the argmax, the argmax
+    assert steady["gpu_idle_before_ms"] == pytest.approx(
+        {"target_graph": 0.5, "drafter_graph": 1.0, "other_kernels": 0.5})
+    # prefill and the first draft, outside the cycles
+    assert steady["before_first_cycle_ms"]["gpu_kernels"] == pytest.approx(9.0 + 0.1)
+    assert steady["before_first_cycle_ms"]["wall"] == pytest.approx(9.0 + 0.2 + 0.1 + 0.5)
+    busy = steady_breakdown(_trace(cycles=3, gap_us=0.0))
+    assert busy["per_cycle_ms"]["gpu_idle"] == pytest.approx(0.0)
+    assert set(busy["gpu_idle_before_ms"].values()) == {0.0}
+    assert steady_breakdown(_trace(cycles=1)) is None  # no whole cycle
