@@ -5,8 +5,8 @@ norm_before_residual=false drafter served by the plugin vs the same weights conv
 SGLang's format and served by stock SGLang.
 
 All servers run at once on the one GPU (small --mem-fraction-static each) and are measured in
-rounds whose server order rotates, so slow drift (clocks, temperature) spreads over all of
-them. Per (server, batch) the figure is the median over rounds.
+rounds in mirrored pairs (the second backwards), so slow drift (clocks, temperature) spreads
+over all of them. Per (server, batch) the figure is the median over rounds.
 
     python -m sglang_ext_tools.bench_speed --target /tmp/fixtures/llama-target \\
         --drafter /tmp/fixtures/llama-drafter --prompts /tmp/fixtures/prompts.jsonl \\
@@ -249,8 +249,14 @@ def requests_for_batch(batch: int, waves: int, batch1_requests: int = 64) -> int
 
 
 def rotate(names: Sequence[str], round_idx: int) -> list[str]:
-    k = round_idx % len(names)
-    return list(names[k:]) + list(names[:k])
+    """The servers' order in a round: rounds come in mirrored pairs (the second of a pair runs
+    the first's order backwards, so over a pair every server's mean place is the same and a
+    linear drift in time cancels, and each pair of neighbours runs in both orders), and each
+    pair starts one place further on than the one before. (In the 2026-12-02 fa3 run every
+    round only rotated: the plugin/stock pair always ran in the same order.)"""
+    k = (round_idx // 2) % len(names)
+    order = list(names[k:]) + list(names[:k])
+    return order[::-1] if round_idx % 2 else order
 
 
 def prompt_indices(num_prompts: int, round_idx: int, count: int) -> list[int]:
@@ -584,7 +590,7 @@ def cycle_breakdown(
     cycles and the request's prefill comes out of the timed figures too: its GPU time (the
     trace's kernels before the first cycle) over the request's tau-long cycles (``split``
     "steady"); else the parts spread the prefill over the traced window (``split``
-    "window", as in results before 2026-12-03)."""
+    "window", as in the 2026-12-02 results)."""
     base = (profiles.get("nospec") or {}).get("per_cycle_ms") or {}
     if not base.get("total"):
         return None
