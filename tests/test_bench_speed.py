@@ -396,6 +396,30 @@ def test_groups_keep_the_baseline_up_and_the_nbr_pair_together():
     ]  # fmt: skip
 
 
+def test_groups_put_each_variant_beside_the_main_server_at_its_setting_where_room_allows():
+    specs = bs.server_specs(
+        [(3, 1, 4), (5, 1, 6), (7, 1, 8)], (3, 1, 4),
+        variants=[("glue", "A", "1"), ("planstream", "B", "1")], no_overlap=[(5, 1, 6)],
+    )
+    assert bs.plan_groups(specs, 5) == [
+        ["nospec", "spec-3-1-4", "spec-3-1-4-glue", "spec-3-1-4-planstream"],
+        ["nospec", "spec-5-1-6", "spec-5-1-6-nooverlap", "spec-7-1-8"],
+        ["nospec", "nbrfalse-plugin-3-1-4", "nbrfalse-stock-3-1-4"],
+    ]  # fmt: skip
+    # two places beside the baseline: 3,1,4 takes one variant, the other runs on its own
+    assert bs.plan_groups(specs, 3) == [
+        ["nospec", "spec-3-1-4", "spec-3-1-4-glue"],
+        ["nospec", "spec-5-1-6", "spec-5-1-6-nooverlap"],
+        ["nospec", "spec-7-1-8"],
+        ["nospec", "nbrfalse-plugin-3-1-4", "nbrfalse-stock-3-1-4"],
+        ["nospec", "spec-3-1-4-planstream"],
+    ]  # fmt: skip
+    # without a main server at its setting, a variant keeps its own place
+    lone = bs.server_specs([(5, 1, 6)], None, no_overlap=[(3, 1, 4)])
+    assert bs.plan_groups(lone, 2) == [["nospec", "spec-5-1-6"],
+                                       ["nospec", "spec-3-1-4-nooverlap"]]
+
+
 def test_at_once_errors_name_the_flag(prompts_file, capsys):
     with pytest.raises(SystemExit) as exc:
         bs.parse_args(_argv(prompts_file, "--at-once", "2"))
