@@ -419,7 +419,8 @@ speed-wait)
     wait_for "$SPEED" "${1:-540}"
     tail -n 3 "$SPEED"/*.log 2>/dev/null | grep -v Warning
     tail -n 25 "$SPEED/result/bench.log" 2>/dev/null
-    cp "$SPEED"/stage-*.json "$SPEED"/speed-fixtures.json "$OUT"/ 2>/dev/null || true
+    # at most 8 files come back from a call: speed-fixtures.json already merges the stage-*.json
+    cp "$SPEED"/speed-fixtures.json "$OUT"/ 2>/dev/null || true
     cp "$SPEED"/result/speed.json "$SPEED"/result/speed.png "$SPEED"/result/bench.log \
         "$SPEED"/result/server-logs.tgz "$SPEED"/pipeline.log "$OUT"/ 2>/dev/null || true
     nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
