@@ -24,8 +24,11 @@
 # The speed benchmark on SGLang 0.5.23 (one nvidia-h200, the ferried wheel set):
 #   bash node/gpu_node.sh speed-one-start [bench args]
 #                                              carry .wh/s1: speed-start's pipeline with the
-#                                              site /tmp/site523 (its widen stages and the
-#                                              benchmark wait for one-install)
+#                                              site /tmp/site523 (its fixtures build on the
+#                                              training site; the benchmark waits for
+#                                              one-install); SPEED_BACKENDS="triton
+#                                              flashinfer" adds each backend's plugin/stock
+#                                              pair after it (result/backends.tgz)
 #   bash node/gpu_node.sh ferry-recv           carry .ferry/BUNDLE/part-KK + manifest.json
 #   bash node/gpu_node.sh one-install BUNDLE [LEFT_S]
 #                                              then speed-wait [SECS] as above (LEFT_S: the
@@ -276,6 +279,22 @@ speed-pipeline)
         # shellcheck disable=SC2086  # bench flags, split on purpose
         OUT="$SPEED/result" PYTHONPATH="$SITE" timeout -s INT "${SPEED_BENCH_LIMIT:-560}" \
             bash node/gpu_node.sh speed-bench ${SPEED_BENCH_ARGS:-} || true
+        # SPEED_BACKENDS="triton flashinfer": then, per backend, the plugin/stock pair at 3/1/4
+        # beside its own baseline (plugin >= 0.99x stock on every backend; `bench_speed merge`
+        # joins them here), each as one tarred folder so the call's 8 files suffice
+        for backend in ${SPEED_BACKENDS:-}; do
+            # shellcheck disable=SC2086  # bench flags, split on purpose
+            OUT="$SPEED/result/$backend" PYTHONPATH="$SITE" timeout -s INT \
+                "${SPEED_BACKEND_LIMIT:-240}" bash node/gpu_node.sh speed-bench \
+                ${SPEED_BACKEND_ARGS:---settings 3,1,4 --compare-setting 3,1,4 --batches 1 \
+                --rounds 2 --batch1-requests 32 --max-new-tokens 128 --mem-fraction 0.95 \
+                --max-total-tokens 16384 --startup-timeout 300} \
+                --attention-backend "$backend" --log-dir "$LOGS/$backend" || true
+        done
+        if [ -n "${SPEED_BACKENDS:-}" ]; then
+            # shellcheck disable=SC2086  # the backend names, split on purpose
+            (cd "$SPEED/result" && tar -czf backends.tgz $SPEED_BACKENDS) || true
+        fi
         touch "$SPEED/DONE"
     else
         touch "$SPEED/FAILED"
@@ -422,7 +441,8 @@ speed-wait)
     # at most 8 files come back from a call: speed-fixtures.json already merges the stage-*.json
     cp "$SPEED"/speed-fixtures.json "$OUT"/ 2>/dev/null || true
     cp "$SPEED"/result/speed.json "$SPEED"/result/speed.png "$SPEED"/result/bench.log \
-        "$SPEED"/result/server-logs.tgz "$SPEED"/pipeline.log "$OUT"/ 2>/dev/null || true
+        "$SPEED"/result/server-logs.tgz "$SPEED"/result/backends.tgz "$SPEED"/pipeline.log \
+        "$OUT"/ 2>/dev/null || true
     nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
     [ -f "$SPEED/DONE" ]
     ;;

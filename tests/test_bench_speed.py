@@ -697,6 +697,36 @@ def test_merge_puts_backends_side_by_side_and_never_overwrites(tmp_path):
     assert "fa3" in bs.format_table(merged["rows"])
 
 
+def test_merge_judges_plugin_vs_stock_on_every_backend():
+    def run(backend, pvs=None, ci=None):
+        def row(drafter, value):
+            return {"backend": None, "batch": 1, "steps": 3, "topk": 1, "draft_tokens": 4,
+                    "drafter": drafter, "speedup": 2.0, "eta": 0.7, "tau": 2.8,
+                    "plugin_vs_stock": value, "plugin_vs_stock_ci95": ci if value else None}
+
+        rows = [row(bs.MAIN, None)]
+        if pvs is not None:
+            rows += [row(bs.NBR_PLUGIN, pvs), row(bs.NBR_STOCK, pvs)]
+        return {"attention_backend": backend, "batches": [1], "rows": rows,
+                "compare_setting": [3, 1, 4]}
+
+    fa3, triton = run("fa3", 0.989, [0.983, 0.993]), run("triton", 0.97, [0.96, 0.98])
+    goals = bs.merge_results([fa3, triton])["goals"]
+    assert goals["plugin_vs_stock_by_backend"] == {
+        "fa3": {"batch": 1, "plugin_vs_stock": 0.989, "plugin_vs_stock_ci95": [0.983, 0.993],
+                "pass": True},
+        "triton": {"batch": 1, "plugin_vs_stock": 0.97, "plugin_vs_stock_ci95": [0.96, 0.98],
+                   "pass": False},
+    }
+    assert goals["plugin_vs_stock_ge_0_99"] is False  # one backend shown below 0.99
+    assert bs.merge_results([fa3, run("triton", 1.0, [0.99, 1.01])])["goals"][
+        "plugin_vs_stock_ge_0_99"] is True
+    # a backend without the pair: the goal is not known, whatever fa3 says
+    partial = bs.merge_results([fa3, run("flashinfer")])["goals"]
+    assert set(partial["plugin_vs_stock_by_backend"]) == {"fa3"}
+    assert partial["plugin_vs_stock_ge_0_99"] is None
+
+
 def test_acceptance_dir_gives_each_plugin_server_its_records_file(tmp_path):
     specs = bs.server_specs([(3, 1, 4), (3, 4, 5)], None)
     args = bs.parse_args(["--target", "t", "--drafter", "d", "--prompts", "p",
