@@ -47,6 +47,7 @@ from sglang_ext_tools.launch import DEFAULT_SPEC, STOCK_ENV, Server, start_all, 
 from sglang_ext_tools.stats import bootstrap_ratio_ci
 from sglang_ext_tools.trace_breakdown import (
     breakdown,
+    group_kernels,
     kernel_families,
     load_trace,
     newest_trace,
@@ -1125,14 +1126,14 @@ def profile_server(server: Server, prompt: Any, args: argparse.Namespace) -> dic
         try:
             path = newest_trace(out_dir)
             time.sleep(2)  # let the writer finish the file
-            trace = load_trace(path)
+            graphs = group_kernels(load_trace(path))  # grouped once for the four analyses
             out = {
-                **breakdown(trace),
-                "steady": steady_breakdown(trace),
+                **breakdown(graphs),
+                "steady": steady_breakdown(graphs),
                 # which attention path ran (cascade for trees: merge_state) and the costliest
                 # kernels: the traces themselves stay on the node
-                "kernel_families": kernel_families(trace),
-                "top_kernels": top_kernels(trace, n=12),
+                "kernel_families": kernel_families(graphs),
+                "top_kernels": top_kernels(graphs, n=12),
             }
             break
         except (FileNotFoundError, EOFError, OSError, ValueError) as exc:

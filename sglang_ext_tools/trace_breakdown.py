@@ -16,7 +16,7 @@ import gzip
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 KERNEL_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset"}
 GRAPH_LAUNCH = ("cudaGraphLaunch",)  # also matches versioned names (cudaGraphLaunch_v10000)
@@ -46,9 +46,22 @@ def _union_us(intervals: Iterable[tuple[float, float]]) -> float:
     return total
 
 
-def _kernels_by_graph(trace: Mapping[str, Any]):
+class Graphs(NamedTuple):
+    """A trace's kernels grouped by the CUDA graph launch that ran them: every analysis
+    below takes a trace or this, so a caller running several groups the trace once."""
+
+    kernels: list
+    target: list  # one kernel list per target-graph launch, in launch order
+    drafter: list  # likewise, the drafter's graphs
+    loose: list  # kernels outside any graph
+
+
+def group_kernels(trace: Mapping[str, Any] | Graphs) -> Graphs:
     """(all kernels, target-graph groups, drafter-graph groups, kernels outside any graph);
-    a group is the kernels of one ``cudaGraphLaunch``, in launch order."""
+    a group is the kernels of one ``cudaGraphLaunch``, in launch order. A ``Graphs`` is
+    returned as it is."""
+    if isinstance(trace, Graphs):
+        return trace
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
     kernels = [e for e in events if e.get("cat") in KERNEL_CATEGORIES]
     if not kernels:
@@ -69,16 +82,16 @@ def _kernels_by_graph(trace: Mapping[str, Any]):
     for corr in sorted(groups, key=lambda c: launches[c]["ts"]):
         group = groups[corr]
         (target if len(group) >= TARGET_GRAPH_FRACTION * largest else drafter).append(group)
-    return kernels, target, drafter, loose
+    return Graphs(kernels, target, drafter, loose)
 
 
 def _gpu_us(kernels: Iterable[Mapping[str, Any]]) -> float:
     return sum(k.get("dur", 0) for k in kernels)
 
 
-def breakdown(trace: Mapping[str, Any]) -> dict[str, Any]:
+def breakdown(trace: Mapping[str, Any] | Graphs) -> dict[str, Any]:
     """Per-cycle milliseconds: target graphs, drafter graphs, other kernels, GPU idle."""
-    kernels, target, drafter, loose = _kernels_by_graph(trace)
+    kernels, target, drafter, loose = group_kernels(trace)
     window_start = min(k["ts"] for k in kernels)
     window_end = max(k["ts"] + k.get("dur", 0) for k in kernels)
     window = window_end - window_start
@@ -107,7 +120,7 @@ def breakdown(trace: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def steady_breakdown(trace: Mapping[str, Any]) -> dict[str, Any] | None:
+def steady_breakdown(trace: Mapping[str, Any] | Graphs) -> dict[str, Any] | None:
     """Per-cycle milliseconds over whole decode cycles only: from the first target graph's
     first kernel to the last one's (cycles = target launches - 1). The request's prefill, the
     drafter's first draft and the tail after the last target graph stay out of it (their GPU
@@ -116,7 +129,7 @@ def steady_breakdown(trace: Mapping[str, Any]) -> dict[str, Any] | None:
     what it waited to start: a target graph, a drafter graph or a kernel outside any graph
     (where the host falls behind, the wait lands before the launch it was late with). None
     with fewer than two target graphs."""
-    kernels, target, drafter, loose = _kernels_by_graph(trace)
+    kernels, target, drafter, loose = group_kernels(trace)
     if len(target) < 2:
         return None
     start, end = min(k["ts"] for k in target[0]), min(k["ts"] for k in target[-1])
@@ -162,10 +175,10 @@ def newest_trace(directory: str | Path, patterns: Sequence[str] = ("*.trace.json
     return max(found, key=lambda p: p.stat().st_mtime)
 
 
-def top_kernels(trace: Mapping[str, Any], n: int = 6) -> dict[str, list[dict[str, Any]]]:
+def top_kernels(trace: Mapping[str, Any] | Graphs, n: int = 6) -> dict[str, list[dict[str, Any]]]:
     """The costliest kernels per cycle in the target graphs and in the drafter graphs: time
     (µs) and launches per cycle."""
-    _, target, drafter, _ = _kernels_by_graph(trace)
+    _, target, drafter, _ = group_kernels(trace)
     cycles = max(len(target), 1)
     out = {}
     for cls, groups in (("target_graph", target), ("drafter_graph", drafter)):
@@ -198,11 +211,11 @@ KERNEL_FAMILIES: dict[str, tuple[str, ...]] = {
 
 
 def kernel_families(
-    trace: Mapping[str, Any], families: Mapping[str, Sequence[str]] = KERNEL_FAMILIES
+    trace: Mapping[str, Any] | Graphs, families: Mapping[str, Sequence[str]] = KERNEL_FAMILIES
 ) -> dict[str, dict[str, dict[str, float]]]:
     """Per graph class, each family's launches and time per cycle (case-insensitive
     substrings of the kernel name)."""
-    _, target, drafter, _ = _kernels_by_graph(trace)
+    _, target, drafter, _ = group_kernels(trace)
     cycles = max(len(target), 1)
     out: dict[str, dict[str, dict[str, float]]] = {}
     for cls, groups in (("target_graph", target), ("drafter_graph", drafter)):
@@ -232,10 +245,10 @@ def summarize(paths: Sequence[str | Path], **meta: Any) -> dict[str, Any]:
             "device": {k: props.get(k) for k in ("name", "totalGlobalMem", "numSms")},
             "cuda_driver_api_version": trace.get("cuda_driver_version"),
             "cuda_runtime_version": trace.get("cuda_runtime_version"),
-            "breakdown": breakdown(trace),
-            "steady": steady_breakdown(trace),
-            "top_kernels": top_kernels(trace),
-            "kernel_families": kernel_families(trace),
+            "breakdown": breakdown(graphs := group_kernels(trace)),
+            "steady": steady_breakdown(graphs),
+            "top_kernels": top_kernels(graphs),
+            "kernel_families": kernel_families(graphs),
         }
     return out
 
