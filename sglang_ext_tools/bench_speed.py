@@ -110,14 +110,30 @@ def label(setting: Sequence[int] | None) -> str:
 
 
 def parse_variant(text: str) -> tuple[str, str, str]:
-    """``LABEL:KEY=VALUE``: one more plugin server with the main drafter and env KEY=VALUE."""
+    """``LABEL:KEY=VALUE``: one more plugin server with the main drafter and env KEY=VALUE,
+    or, where KEY starts with ``--``, with the server argument ``KEY VALUE`` (e.g.
+    ``fp8draft:--speculative-draft-model-quantization=fp8``)."""
     label, sep, assignment = text.partition(":")
     key, eq, value = assignment.partition("=")
-    if not (sep and eq and label and key) or not label.replace("_", "").isalnum():
+    flag = key.startswith("--")
+    if (
+        not (sep and eq and label and key)
+        or not label.replace("_", "").isalnum()
+        or (flag and (len(key) < 3 or not value))
+    ):
         raise argparse.ArgumentTypeError(
             f"variant {text!r}: expected LABEL:KEY=VALUE, e.g. splitkv:SGLANG_EXT_SPLITKV_VERIFY=1"
+            " (an env var) or fp8draft:--speculative-draft-model-quantization=fp8 (a server"
+            " argument)"
         )
     return label, key, value
+
+
+def variant_parts(key: str, value: str) -> dict[str, Any]:
+    """A variant's spec fields: ``env`` for an env var, ``extra`` server args for a flag."""
+    if key.startswith("--"):
+        return {"extra": [key, value]}
+    return {"env": {key: value}}
 
 
 NO_OVERLAP = "--disable-overlap-schedule"
@@ -155,7 +171,7 @@ def server_specs(
                 "variant",
                 at,
                 label=label,
-                env={key: value},
+                **variant_parts(key, value),
             )
         )
     for setting in no_overlap:
@@ -1015,7 +1031,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="LABEL:KEY=VALUE",
         help="one more plugin server (main drafter, compare setting) with an env "
-        "var, e.g. splitkv:SGLANG_EXT_SPLITKV_VERIFY=1; repeatable",
+        "var, e.g. splitkv:SGLANG_EXT_SPLITKV_VERIFY=1, or a server argument, e.g. "
+        "fp8draft:--speculative-draft-model-quantization=fp8; repeatable",
     )
     p.add_argument(
         "--no-overlap-at",

@@ -619,6 +619,33 @@ def test_profile_server_asks_sglang_to_profile_and_reads_its_trace(tmp_path, mon
     assert out["kernel_families"]["target_graph"]["merge_state"]["calls_per_cycle"] == 0.0
 
 
+def test_a_flag_variant_runs_the_main_drafter_with_that_server_argument():
+    """``LABEL:--flag=value`` is a server argument, not an env var (SGLang's own switches
+    such as an fp8 drafter are arguments)."""
+    parsed = bs.parse_variant("fp8draft:--speculative-draft-model-quantization=fp8")
+    assert parsed == ("fp8draft", "--speculative-draft-model-quantization", "fp8")
+    for bad in ("fp8draft:--=fp8", "fp8draft:--speculative-draft-model-quantization="):
+        with pytest.raises(argparse.ArgumentTypeError, match="server"):
+            bs.parse_variant(bad)
+    specs = bs.server_specs([(3, 1, 4)], (3, 1, 4), [parsed])
+    variant = specs[-1]
+    assert variant["name"] == "spec-3-1-4-fp8draft" and variant["role"] == "variant"
+    assert "env" not in variant
+    args = bs.parse_args(["--target", "t", "--drafter", "d", "--prompts", "p",
+                          "--variant", "fp8draft:--speculative-draft-model-quantization=fp8"])
+    assert args.variant == [parsed]
+    server = bs.make_servers(specs, args)[-1]
+    assert server.draft == "d" and server.env == {}
+    command = server.command()
+    at = command.index("--speculative-draft-model-quantization")
+    assert command[at + 1] == "fp8"
+    # still a server with the overlap scheduler on
+    rows = bs.build_rows({("nospec", 1): {"tok_s": 200.0},
+                          ("spec-3-1-4-fp8draft", 1): {"tok_s": 400.0, "tau": 2.5}}, specs, [1])
+    row = next(r for r in rows if r["server"] == "spec-3-1-4-fp8draft")
+    assert row["overlap"] is True and row["drafter"].endswith("[fp8draft]")
+
+
 def test_variant_server_runs_the_main_drafter_with_its_env(capsys):
     assert bs.parse_variant("splitkv:SGLANG_EXT_SPLITKV_VERIFY=1") == (
         "splitkv", "SGLANG_EXT_SPLITKV_VERIFY", "1"
