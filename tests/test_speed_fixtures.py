@@ -36,6 +36,9 @@ def test_all_stages_write_their_reports(speed_fixtures):
     base = stages["base"]
     assert base["small_target"]["num_layers"] == 6
     assert base["distill"]["new_tokens"] == 32 and base["distill"]["train_tokens"] == 16 * 64
+    # prompts from files the target never trained on (not from the text it recites)
+    assert base["distill"]["source"] == "split"
+    assert base["distill"]["prompt_stream_tokens"] != base["data"]["train_tokens"]
     for tag in ("true", "false"):
         drafter = stages[f"drafter-nbr-{tag}"][f"small_drafter_nbr-{tag}"]
         assert drafter["norm_before_residual"] is (tag == "true")
@@ -219,3 +222,23 @@ def test_function_check_in_bf16_holds_both_models_against_fp32(tmp_path):
     assert verdict["pass"], verdict
     assert verdict["error_ratio_ci95"][1] < 1.5, verdict
     assert check["top1_on_new_rows"] == 0
+
+
+def test_distill_split_files_leave_the_targets_training():
+    from sglang_ext_tools.fixtures.common import distill_split
+    from sglang_ext_tools.fixtures.data import Corpus
+
+    module = importlib.import_module("sglang_ext_tools.fixtures.make_speed_fixtures")
+    files = [(f"pkg/mod{i}.py", f"x = {i}\n") for i in range(200)]
+    corpus = Corpus(root="/r", train=files, heldout=[("h.py", "y = 1\n")], skipped=0)
+    same, none = module.set_aside_distill_files(corpus, "train")
+    assert same is corpus and none is None
+    kept, aside = module.set_aside_distill_files(corpus, "split")
+    assert aside and all(distill_split(rel) for rel, _ in aside)
+    assert not any(distill_split(rel) for rel, _ in kept.train)
+    assert sorted(kept.train + aside) == sorted(files) and kept.heldout == corpus.heldout
+    assert 5 <= len(aside) <= 40  # about 10 % of 200
+    with pytest.raises(ValueError, match="distill_source 'heldout'"):
+        module.set_aside_distill_files(corpus, "heldout")
+    with pytest.raises(ValueError, match="no training file"):
+        module.set_aside_distill_files(Corpus("/r", files[:0], [], 0), "split")
