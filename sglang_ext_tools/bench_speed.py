@@ -112,21 +112,31 @@ def label(setting: Sequence[int] | None) -> str:
 def parse_variant(text: str) -> tuple[str, str, str]:
     """``LABEL:KEY=VALUE``: one more plugin server with the main drafter and env KEY=VALUE,
     or, where KEY starts with ``--``, with the server argument ``KEY VALUE`` (e.g.
-    ``fp8draft:--speculative-draft-model-quantization=fp8``)."""
+    ``fp8draft:--speculative-draft-model-quantization=fp8``). It runs at the compare
+    setting, or at the one a ``LABEL@STEPS,TOPK,DRAFT`` names (``variant_setting``)."""
     label, sep, assignment = text.partition(":")
     key, eq, value = assignment.partition("=")
+    name, at, setting = label.partition("@")
     flag = key.startswith("--")
     if (
-        not (sep and eq and label and key)
-        or not label.replace("_", "").isalnum()
+        not (sep and eq and name and key)
+        or not name.replace("_", "").isalnum()
         or (flag and (len(key) < 3 or not value))
     ):
         raise argparse.ArgumentTypeError(
             f"variant {text!r}: expected LABEL:KEY=VALUE, e.g. splitkv:SGLANG_EXT_SPLITKV_VERIFY=1"
             " (an env var) or fp8draft:--speculative-draft-model-quantization=fp8 (a server"
-            " argument)"
+            " argument); LABEL@STEPS,TOPK,DRAFT runs it at that setting"
         )
+    if at:
+        parse_setting(setting)  # raises ArgumentTypeError naming what is wrong
     return label, key, value
+
+
+def variant_setting(label: str, default: Setting) -> tuple[str, Setting]:
+    """(name, setting) of a variant label: ``fp8@7,1,8`` -> ("fp8", (7, 1, 8))."""
+    name, at, setting = label.partition("@")
+    return name, (parse_setting(setting) if at else default)
 
 
 def variant_parts(key: str, value: str) -> dict[str, Any]:
@@ -163,8 +173,9 @@ def server_specs(
         tag = "-".join(map(str, compare))
         specs.append(spec(f"nbrfalse-plugin-{tag}", "nbr_plugin", compare))
         specs.append(spec(f"nbrfalse-stock-{tag}", "nbr_stock", compare, stock=True))
-    at = compare if compare is not None else settings[0]
-    for label, key, value in variants:
+    default = compare if compare is not None else settings[0]
+    for text, key, value in variants:
+        label, at = variant_setting(text, default)
         specs.append(
             spec(
                 f"spec-{'-'.join(map(str, at))}-{label}",
@@ -1032,7 +1043,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="LABEL:KEY=VALUE",
         help="one more plugin server (main drafter, compare setting) with an env "
         "var, e.g. splitkv:SGLANG_EXT_SPLITKV_VERIFY=1, or a server argument, e.g. "
-        "fp8draft:--speculative-draft-model-quantization=fp8; repeatable",
+        "fp8draft:--speculative-draft-model-quantization=fp8; LABEL@7,1,8:... runs it at "
+        "that setting instead; repeatable",
     )
     p.add_argument(
         "--no-overlap-at",

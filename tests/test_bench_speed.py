@@ -639,6 +639,17 @@ def test_a_flag_variant_runs_the_main_drafter_with_that_server_argument():
     command = server.command()
     at = command.index("--speculative-draft-model-quantization")
     assert command[at + 1] == "fp8"
+    # LABEL@SETTING: the same at another setting (beside the main server there)
+    at = bs.parse_variant("fp8long@7,1,8:--speculative-draft-model-quantization=fp8")
+    with pytest.raises(argparse.ArgumentTypeError, match="draft_tokens must be steps"):
+        bs.parse_variant("fp8long@7,1,5:--speculative-draft-model-quantization=fp8")
+    both = bs.server_specs([(3, 1, 4), (7, 1, 8)], (3, 1, 4), [parsed, at])
+    assert [(s["name"], s["setting"], s["label"]) for s in both[-2:]] == [
+        ("spec-3-1-4-fp8draft", (3, 1, 4), "fp8draft"),
+        ("spec-7-1-8-fp8long", (7, 1, 8), "fp8long"),
+    ]
+    groups = bs.plan_groups(both, at_once=4)
+    assert any({"spec-7-1-8", "spec-7-1-8-fp8long"} <= set(g) for g in groups)
     # still a server with the overlap scheduler on
     rows = bs.build_rows({("nospec", 1): {"tok_s": 200.0},
                           ("spec-3-1-4-fp8draft", 1): {"tok_s": 400.0, "tau": 2.5}}, specs, [1])
