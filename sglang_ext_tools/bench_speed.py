@@ -116,7 +116,7 @@ def parse_variant(text: str) -> tuple[str, str, str]:
     setting, or at the one a ``LABEL@STEPS,TOPK,DRAFT`` names (``variant_setting``)."""
     label, sep, assignment = text.partition(":")
     key, eq, value = assignment.partition("=")
-    name, at, setting = label.partition("@")
+    name = label.partition("@")[0]
     flag = key.startswith("--")
     if (
         not (sep and eq and name and key)
@@ -128,12 +128,11 @@ def parse_variant(text: str) -> tuple[str, str, str]:
             " (an env var) or fp8draft:--speculative-draft-model-quantization=fp8 (a server"
             " argument); LABEL@STEPS,TOPK,DRAFT runs it at that setting"
         )
-    if at:
-        parse_setting(setting)  # raises ArgumentTypeError naming what is wrong
+    variant_setting(label, None)  # a LABEL@SETTING's setting: ArgumentTypeError naming it
     return label, key, value
 
 
-def variant_setting(label: str, default: Setting) -> tuple[str, Setting]:
+def variant_setting(label: str, default: Setting | None) -> tuple[str, Setting | None]:
     """(name, setting) of a variant label: ``fp8@7,1,8`` -> ("fp8", (7, 1, 8))."""
     name, at, setting = label.partition("@")
     return name, (parse_setting(setting) if at else default)
