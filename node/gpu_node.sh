@@ -186,6 +186,18 @@ train_site() {
         .wh/s1/*.whl
 }
 
+# The bench's time limit: VAR if set, else what the lease has left (one-install's DEADLINE,
+# from its LEFT_S) less 90 s for the last poll to fetch the result, else DEFAULT.
+bench_limit() {
+    local set=$1 default=$2
+    if [ -n "$set" ]; then
+        echo "$set"
+    elif [ -f "$SUITE/DEADLINE" ]; then
+        echo $(($(cat "$SUITE/DEADLINE") - $(date +%s) - 90))
+    else
+        echo "$default"
+    fi
+}
 step=${1:?usage: gpu_node.sh STEP [ARGS...] (the steps: see the header of node/gpu_node.sh)}
 shift
 case "$step" in
@@ -310,15 +322,19 @@ seed-shape-pipeline)
     mla() { PYTHONPATH="$TRAIN_SITE" python3 -m sglang_ext_tools.fixtures.make_mla_fixtures \
         --out "$MLA" --device cuda "$@"; }
     ok=0
-    # --no-reference: the suite's reference tau is not used here (~64 s of device time)
+    # --no-reference: the suite's reference tau is not used here (~64 s of device time);
+    # --no-wide-tau (SEED_WIDE_TAU=" " keeps it): the wide pair's reference tau, 209 s on
+    # 2026-12-02 (wide 1.8369, deep 2.0 there), which the bench does not read
     if mla --stage all --no-reference >"$SEED/mla.log" 2>&1 \
-        && mla --stage widen >>"$SEED/mla.log" 2>&1; then
+        && mla --stage widen ${SEED_WIDE_TAU:---no-wide-tau} >>"$SEED/mla.log" 2>&1; then
         ok=1
     fi
     while [ ! -f "$INSTALLED" ]; do sleep 2; done
     if [ "$ok" = 1 ]; then
         # shellcheck disable=SC2086  # bench flags, split on purpose
-        OUT="$SEED/result" PYTHONPATH="$SITE" timeout -s INT "${SEED_BENCH_LIMIT:-1000}" \
+        limit=$(bench_limit "${SEED_BENCH_LIMIT:-}" 1000)
+        echo "bench limit ${limit} s at $(date +%T)"
+        OUT="$SEED/result" PYTHONPATH="$SITE" timeout -s INT "$limit" \
             bash node/gpu_node.sh seed-shape-bench ${SEED_BENCH_ARGS:-} || true
         touch "$SEED/DONE"
     else
@@ -398,11 +414,18 @@ seed-shape-wait)
     grep -h "make_fixtures\|Error\|error\|done in" "$SEED/mla.log" 2>/dev/null | tail -n 12
     tail -n 25 "$SEED/result/bench.log" 2>/dev/null
     cp "$MLA/mla-fixtures.json" "$OUT"/ 2>/dev/null || true
-    cp "$SEED"/result/seed-shape.json "$SEED"/result/seed-shape.png "$OUT"/ 2>/dev/null || true
-    cp "$SEED"/result/seed-shape-probe.json "$SEED"/result/advisor.json \
-        "$SEED"/result/wide-target-config.json "$SEED"/result/convert.log "$OUT"/ 2>/dev/null \
-        || true
-    cp "$SEED/result/server-logs.tgz" "$OUT"/ 2>/dev/null || true
+    # at most 8 files come back from a call. bench_speed rewrites its JSON after every
+    # measurement, so each poll returns what has finished (a machine lost mid-bench keeps it);
+    # the acceptance records (what `sglang-ext tune` reads) likewise, until server-logs.tgz,
+    # which holds them, exists. The PNG stays behind: `bench_speed`'s write_png redraws it.
+    cp "$SEED"/result/seed-shape.json "$SEED"/result/seed-shape-probe.json \
+        "$SEED"/result/advisor.json "$SEED"/result/wide-target-config.json \
+        "$SEED"/result/convert.log "$OUT"/ 2>/dev/null || true
+    if [ -f "$SEED/result/server-logs.tgz" ]; then
+        cp "$SEED/result/server-logs.tgz" "$OUT"/
+    elif [ -d "$LOGS/acceptance" ]; then
+        tar -czf "$OUT/acceptance.tgz" -C "$LOGS" acceptance 2>/dev/null || true
+    fi
     nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
     [ -f "$SEED/DONE" ]
     ;;

@@ -1324,6 +1324,88 @@ def rebuild_main(argv: Sequence[str]) -> int:
     return 0
 
 
+def assemble(
+    args: argparse.Namespace,
+    argv: Sequence[str] | None,
+    specs: Sequence[Mapping[str, Any]],
+    servers: Sequence[Server],
+    measurements: Sequence[Mapping[str, Any]],
+    profiles: Mapping[str, Any],
+    date: str,
+    started: float,
+    aborted: str | None,
+    source: str,
+    num_prompts: int,
+    partial: str | None = None,
+) -> dict[str, Any]:
+    """The result JSON as it stands: at the end of the run, or after any measurement with
+    ``partial`` saying how far it got (so a machine lost mid-run still leaves the rounds
+    that finished)."""
+    gpu = gpu_info()
+    server_records = []
+    for spec, s in zip(specs, servers, strict=True):
+        record = {
+            "name": s.name,
+            "role": spec["role"],
+            "setting": spec["setting"],
+            "command": s.command(),
+            "env": s.env,
+            "status": s.status,
+            "ready_after_s": s.ready_after_s,
+            "log": str(s.log_path),
+        }
+        if s.status != "ready":
+            record["log_tail"] = s.log_tail(30)
+            record["error"] = s.startup_error()
+        server_records.append(record)
+    fixtures = None
+    if args.fixtures_json:
+        path = Path(args.fixtures_json)
+        fixtures = summarize_fixtures(json.loads(path.read_text()), str(path))
+    meta = {
+        "date": date,
+        "gpu": gpu.get("name"),
+        "gpu_info": gpu,
+        "sglang_version": package_version("sglang"),
+        "torch_version": package_version("torch"),
+        "sglang_ext_version": sglang_ext.__version__,
+        "attention_backend": args.attention_backend,
+        "command": " ".join(sys.argv if argv is None else [__file__, *argv]),
+        "settings": [list(s) for s in args.settings],
+        "batches": args.batches,
+        "max_new_tokens": args.max_new_tokens,
+        "rounds": args.rounds,
+        "requests_per_batch": args.requests_per_batch,
+        "mem_fraction": args.mem_fraction,
+        "at_once": args.at_once,
+        "server_extra_args": server_extra_args(args),
+        "prompts": {"source": source, "count": num_prompts},
+        "wall_s": round(time.time() - started, 1),
+        "aborted": aborted,
+        "partial": partial,
+    }
+    result = build_result(
+        meta, server_records, measurements, specs, args.compare, fixtures, args.groups
+    )
+    result["specs"] = specs
+    if args.profile:
+        result["profiles"] = profiles
+        result["cycle_breakdown"] = cycle_breakdown(
+            profiles, specs, result["rows"], args.max_new_tokens
+        )
+    return result
+
+
+def write_result(result: Mapping[str, Any], args: argparse.Namespace) -> Path:
+    """Write the result JSON atomically (a reader copying it mid-run never sees half a file)."""
+    out_json = Path(args.out_json or Path(args.log_dir) / "bench_speed.json")
+    out_json.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_json.with_name(out_json.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=2) + "\n")
+    tmp.replace(out_json)
+    return out_json
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["merge"]:
@@ -1373,6 +1455,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         {spec["name"]: by_name[spec["alias_of"]] for spec in specs if spec.get("alias_of")}
     )
     brought_up: set[str] = set()
+
+    def checkpoint(partial: str) -> None:
+        """The result so far, on disk after each measurement: the node's watcher copies it
+        back on every poll, so losing the machine mid-run loses at most one measurement."""
+        try:
+            result = assemble(
+                args, argv, specs, servers, measurements, profiles, date, started, None,
+                source, len(prompts), partial=partial,
+            )
+            write_result(result, args)
+        except Exception as exc:  # the run goes on; its final write still has everything
+            print(f"warning: partial result not written: {exc!r}", file=sys.stderr)
+
     try:
         for g, names in enumerate(args.groups):
             up = [s for s in servers if s.name in names and s.name not in brought_up]
@@ -1387,12 +1482,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                         _run(s, [prompts[i] for i in ids], w["concurrency"], args.max_new_tokens)
             for entry in (e for e in plan if e["group"] == g):
                 measurements.append(measure(by_name[entry["server"]], entry, prompts, args))
+                checkpoint(f"{len(measurements)} of {len(plan)} measurements")
             if args.profile:  # each server while it is up (a group's go down below)
                 for s in up:
                     if s.status == "ready" and s.alive():
                         profiles[s.name] = profile_server(s, prompts[0], args)
                         cycle = profiles[s.name].get("per_cycle_ms")
                         print(f"profile {s.name}: {json.dumps(cycle)}", file=sys.stderr)
+                        checkpoint(f"{len(measurements)} of {len(plan)} measurements, profiles")
             if g + 1 < len(args.groups):  # free the GPU for the next group
                 leaving = [by_name[n] for n in names if n not in args.groups[g + 1]]
                 stop_all(leaving)
@@ -1405,60 +1502,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         stop_all(servers)
 
-    gpu = gpu_info()
-    server_records = []
-    for spec, s in zip(specs, servers, strict=True):
-        record = {
-            "name": s.name,
-            "role": spec["role"],
-            "setting": spec["setting"],
-            "command": s.command(),
-            "env": s.env,
-            "status": s.status,
-            "ready_after_s": s.ready_after_s,
-            "log": str(s.log_path),
-        }
-        if s.status != "ready":
-            record["log_tail"] = s.log_tail(30)
-            record["error"] = s.startup_error()
-        server_records.append(record)
-    fixtures = None
-    if args.fixtures_json:
-        path = Path(args.fixtures_json)
-        fixtures = summarize_fixtures(json.loads(path.read_text()), str(path))
-    meta = {
-        "date": date,
-        "gpu": gpu.get("name"),
-        "gpu_info": gpu,
-        "sglang_version": package_version("sglang"),
-        "torch_version": package_version("torch"),
-        "sglang_ext_version": sglang_ext.__version__,
-        "attention_backend": args.attention_backend,
-        "command": " ".join(sys.argv if argv is None else [__file__, *argv]),
-        "settings": [list(s) for s in args.settings],
-        "batches": args.batches,
-        "max_new_tokens": args.max_new_tokens,
-        "rounds": args.rounds,
-        "requests_per_batch": args.requests_per_batch,
-        "mem_fraction": args.mem_fraction,
-        "at_once": args.at_once,
-        "server_extra_args": server_extra_args(args),
-        "prompts": {"source": source, "count": len(prompts)},
-        "wall_s": round(time.time() - started, 1),
-        "aborted": aborted,
-    }
-    result = build_result(
-        meta, server_records, measurements, specs, args.compare, fixtures, args.groups
+    result = assemble(
+        args, argv, specs, servers, measurements, profiles, date, started, aborted, source,
+        len(prompts),
     )
-    result["specs"] = specs
-    if args.profile:
-        result["profiles"] = profiles
-        result["cycle_breakdown"] = cycle_breakdown(
-            profiles, specs, result["rows"], args.max_new_tokens
-        )
-    out_json = Path(args.out_json or Path(args.log_dir) / "bench_speed.json")
-    out_json.parent.mkdir(parents=True, exist_ok=True)
-    out_json.write_text(json.dumps(result, indent=2) + "\n")
+    out_json = write_result(result, args)
     print(format_table(result["rows"]))
     best = result["best"] or {}
     keys = ("steps", "topk", "draft_tokens", "batch", "speedup", "eta", "tau")

@@ -58,7 +58,14 @@ def build(
     tree = trained.get(tune.Setting(3, 4, 5))
     chain = trained.get(tune.Setting(3, 1, 4))
     widen = fixtures["stages"]["widen"]
+    # a run cut short (bench_speed writes its result after every measurement) says so
+    incomplete = {
+        name: {"partial": d.get("partial"), "aborted": d.get("aborted")}
+        for name, d in (("bench", bench), ("probe", probe))
+        if d.get("partial") or d.get("aborted")
+    }
     return {
+        **({"incomplete": incomplete} if incomplete else {}),
         "schema_version": 1,
         "date": bench["date"],
         "gpu": bench["gpu"],

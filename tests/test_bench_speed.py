@@ -371,6 +371,63 @@ def test_main_with_fake_servers_writes_partial_results(prompts_file, tmp_path, m
         assert out_png.read_bytes()[:4] == b"\x89PNG"
 
 
+class _MachineLost(BaseException):
+    """The process dies mid-run (the node went back): nothing after this point runs."""
+
+
+def test_a_run_lost_mid_way_leaves_the_measurements_that_finished_on_disk(
+    prompts_file, tmp_path, monkeypatch
+):
+    """After every measurement the result so far is on disk, marked partial: a run killed
+    during its 4th measurement leaves the first three, and round 0's speedup with them."""
+
+    def fake_start_all(servers, timeout):
+        for s in servers:
+            s.status = "ready"
+        return {s.name: s.status for s in servers}
+
+    speed = {"nospec": 100.0, "spec-3-1-4": 250.0}
+    timed = []
+
+    def fake_run(server, prompts, concurrency, max_new_tokens):
+        if len(prompts) == 8:  # timed requests (warm-up sends 2)
+            timed.append(server.name)
+            if len(timed) == 4:
+                raise _MachineLost
+        results = [
+            RequestResult(k, True, completion_tokens=max_new_tokens, tpot_s=0.005,
+                          latency_s=max_new_tokens / speed[server.name],
+                          acceptance=Acceptance(verify_steps=None if server.name == "nospec"
+                                                else max_new_tokens // 4))
+            for k in range(len(prompts))
+        ]
+        return results, len(prompts) * max_new_tokens / speed[server.name]
+
+    monkeypatch.setattr(bs, "start_all", fake_start_all)
+    monkeypatch.setattr(bs, "stop_all", lambda servers: None)
+    monkeypatch.setattr(Server, "alive", lambda self: True)
+    monkeypatch.setattr(bs, "_run", fake_run)
+    monkeypatch.setattr(bs, "gpu_info", lambda: {"name": "FakeGPU"})
+    out_json = tmp_path / "r.json"
+    argv = [
+        "--target", "T", "--drafter", "D", "--prompts", str(prompts_file), "--settings",
+        "3,1,4", "--batches", "1", "--rounds", "4", "--batch1-requests", "8",
+        "--max-new-tokens", "64", "--log-dir", str(tmp_path / "logs"), "--out-json",
+        str(out_json),
+    ]
+    with pytest.raises(_MachineLost):
+        bs.main(argv)
+    assert timed == ["nospec", "spec-3-1-4", "spec-3-1-4", "nospec"]
+    data = json.loads(out_json.read_text())
+    assert data["partial"] == "3 of 8 measurements"
+    assert [(m["server"], m["round"]) for m in data["measurements"]] == [
+        ("nospec", 0), ("spec-3-1-4", 0), ("spec-3-1-4", 1),
+    ]
+    row = _row(data["rows"], bs.MAIN, (3, 1, 4), 1)
+    assert row["speedup"] == 2.5 and row["tau"] == 4.0
+    assert not list(tmp_path.glob("*.tmp"))
+
+
 # ------------------------------------------------------------------ groups (--at-once)
 
 

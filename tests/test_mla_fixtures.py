@@ -278,6 +278,23 @@ def test_no_reference_skips_only_the_suites_reference_tau(mla_fixtures, mla_scri
     assert drafter["train"] and (copy / "small-drafter" / "config.json").exists()
 
 
+def test_no_wide_tau_keeps_the_widen_stages_logit_check(mla_fixtures, mla_script, tmp_path):
+    """The seed-shape pipeline widens with --no-wide-tau (209 s of the H200 on 2026-12-02):
+    the wide pair is written and its logits checked as before; the reference tau says it was
+    skipped rather than being absent."""
+    out, _ = mla_fixtures
+    copy = tmp_path / "mla"
+    shutil.copytree(out, copy, ignore=shutil.ignore_patterns("wide-*"))
+    argv = ["--stage", "widen", "--scale", "tiny", "--device", "cpu", "--out", str(copy)]
+    assert mla_script.main([*argv, "--no-wide-tau"]) == 0
+    stage = json.loads((copy / "stage-widen.json").read_text())
+    assert stage["reference_tau"] == {"skipped": "--no-wide-tau"}
+    check = stage["function_check"]
+    assert check["top1_agreement"] == 1.0 and check["max_abs_diff"] < 1e-3, check
+    assert (copy / "wide-target" / "config.json").exists()
+    assert (copy / "wide-drafter" / "config.json").exists()
+
+
 def test_kimi_rank_drafter_widths_keep_the_small_drafters_head_dim():
     from sglang_ext_tools import widen, widen_mla
 

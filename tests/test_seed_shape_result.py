@@ -39,3 +39,15 @@ def test_the_committed_result_is_what_the_sources_give(tmp_path, capsys):
     capsys.readouterr()
     assert ssr.main(args(tmp_path, out)) == 1  # never overwritten
     assert "exists" in capsys.readouterr().err
+
+
+def test_a_bench_cut_short_is_marked_incomplete(tmp_path):
+    """bench_speed's per-measurement checkpoint carries `partial`; the result says so."""
+    bench = json.loads(Path(f"{SEED}-bench.json").read_text())
+    cut = tmp_path / "bench.json"
+    cut.write_text(json.dumps({**bench, "partial": "5 of 12 measurements"}))
+    argv = args(tmp_path, tmp_path / "result.json")
+    argv[argv.index("--bench") + 1] = str(cut)
+    assert ssr.main(argv) == 0
+    built = json.loads((tmp_path / "result.json").read_text())
+    assert built["incomplete"] == {"bench": {"partial": "5 of 12 measurements", "aborted": None}}
