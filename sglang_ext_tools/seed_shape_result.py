@@ -29,8 +29,40 @@ def cycle(row: dict) -> float | None:
     return round(row["tau"] / row["speedup"], 4)
 
 
+def overlap_finding(overlap_probe: dict | None, path: str | None) -> dict[str, Any] | None:
+    """The seed's tree with the overlap scheduler on and off, side by side in one run (zero
+    acceptance): whether topk > 1 overlaps in practice, and what the overlap saves."""
+    if overlap_probe is None:
+        return None
+    rows = [r for r in overlap_probe.get("rows", []) if r.get("batch") == 1]
+    by_overlap = {}
+    for r in rows:
+        if (r.get("steps"), r.get("topk"), r.get("draft_tokens")) == (3, 4, 5):
+            by_overlap[bool(r.get("overlap"))] = r
+    if set(by_overlap) != {True, False}:
+        raise SystemExit(f"{path}: expected the 3/4/5 row with overlap on and off at batch 1")
+    on, off = by_overlap[True], by_overlap[False]
+    on_cycle, off_cycle = on["cycle_cost_decode_steps"], off["cycle_cost_decode_steps"]
+    apart = on["speedup_ci95"][0] > off["speedup_ci95"][1]
+    return {
+        "source": path,
+        "command": overlap_probe.get("command"),
+        "tree_cycle_overlap_on": on_cycle,
+        "tree_cycle_overlap_off": off_cycle,
+        "speedup_ci95": {"on": on["speedup_ci95"], "off": off["speedup_ci95"]},
+        "overlap_saves_decode_steps": round(off_cycle - on_cycle, 4),
+        "tree_overlaps": bool(apart),
+    }
+
+
 def build(
-    bench: dict, probe: dict, fixtures: dict, config: dict, records: list[dict], paths: dict
+    bench: dict,
+    probe: dict,
+    fixtures: dict,
+    config: dict,
+    records: list[dict],
+    paths: dict,
+    overlap_probe: dict | None = None,
 ) -> dict[str, Any]:
     trained = tune.bench_rows(bench, paths["bench"])
     dummy = tune.bench_rows(probe, paths["probe"])
@@ -99,6 +131,11 @@ def build(
                 and chain["speedup_ci95"][1] >= tree["speedup_ci95"][0]
             ),
             "patch": None,
+            **(
+                {"overlap_probe": overlap_finding(overlap_probe, paths.get("overlap_probe"))}
+                if overlap_probe is not None
+                else {}
+            ),
         },
         "advisor": {
             "recommended": advice["recommended"],
@@ -131,6 +168,11 @@ def main(argv=None) -> int:
     p.add_argument("--fixtures", type=Path, required=True, help="make_mla_fixtures manifest")
     p.add_argument("--target-config", type=Path, required=True)
     p.add_argument("--acceptance", type=Path, nargs="+", required=True)
+    p.add_argument(
+        "--overlap-probe",
+        type=Path,
+        help="bench_speed result with the 3/4/5 row overlap on and off (--no-overlap-at 3,4,5)",
+    )
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     if args.out.exists():
@@ -143,6 +185,7 @@ def main(argv=None) -> int:
         "fixtures": args.fixtures.name,
         "target_config": args.target_config.name,
         "acceptance": [a.name for a in args.acceptance],
+        **({"overlap_probe": args.overlap_probe.name} if args.overlap_probe else {}),
     }
     result = build(
         load(args.bench),
@@ -151,6 +194,7 @@ def main(argv=None) -> int:
         load(args.target_config),
         tune.read_records(args.acceptance),
         paths,
+        load(args.overlap_probe) if args.overlap_probe else None,
     )
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({"advisor": result["advisor"]["check"], "goals": result["goals"]}, indent=1))

@@ -13,14 +13,20 @@ RESULTS = Path(__file__).parent / "gpu" / "results"
 SEED = RESULTS / "seed-shape-2026-12-02-nvidia-h200-sglang0.5.23"
 
 
-def args(tmp_path, out):
-    with tarfile.open(f"{SEED}-bench-server-logs.tgz") as tar:
+RUN_1203 = RESULTS / "seed-shape-2026-12-03-nvidia-h200-sglang0.5.23"
+
+
+def args(tmp_path, out, run=SEED, date="2026-12-02", records="*.jsonl", overlap=False):
+    with tarfile.open(f"{run}-bench-server-logs.tgz") as tar:
         tar.extractall(tmp_path / "logs", filter="data")
-    records = sorted(str(p) for p in (tmp_path / "logs" / "acceptance").glob("*.jsonl"))
-    return ["--bench", f"{SEED}-bench.json", "--probe", f"{SEED}-probe-dummy.json",
-            "--fixtures", str(RESULTS / "mla-fixtures-2026-12-02-nvidia-h200-seed-shape.json"),
-            "--target-config", str(RESULTS / "seed-shape-2026-12-02-wide-target-config.json"),
-            "--acceptance", *records, "--out", str(out)]  # fmt: skip
+    acceptance = sorted(str(p) for p in (tmp_path / "logs" / "acceptance").glob(records))
+    argv = ["--bench", f"{run}-bench.json", "--probe", f"{run}-probe-dummy.json",
+            "--fixtures", str(RESULTS / f"mla-fixtures-{date}-nvidia-h200-seed-shape.json"),
+            "--target-config", str(RESULTS / f"seed-shape-{date}-wide-target-config.json"),
+            "--acceptance", *acceptance, "--out", str(out)]  # fmt: skip
+    if overlap:
+        argv += ["--overlap-probe", f"{run}-tree-overlap-probe.json"]
+    return argv
 
 
 def test_the_committed_result_is_what_the_sources_give(tmp_path, capsys):
@@ -39,6 +45,24 @@ def test_the_committed_result_is_what_the_sources_give(tmp_path, capsys):
     capsys.readouterr()
     assert ssr.main(args(tmp_path, out)) == 1  # never overwritten
     assert "exists" in capsys.readouterr().err
+
+
+def test_the_split_expert_run_is_what_its_sources_give(tmp_path):
+    """2026-12-03, the split-expert rank shape: the main drafter's records only (the
+    converted pair's are another drafter), and the tree-overlap probe's finding."""
+    out = tmp_path / "result.json"
+    argv = args(tmp_path, out, RUN_1203, "2026-12-03", "spec-*.jsonl", overlap=True)
+    assert ssr.main(argv) == 0
+    built = json.loads(out.read_text())
+    assert built == json.loads(Path(f"{RUN_1203}.json").read_text())
+    # the advisor the node ran (`sglang-ext tune` on the same files) said the same
+    node = json.loads(Path(f"{RUN_1203}-advisor-node.json").read_text())
+    assert built["advisor"]["check"] == node["check"]
+    assert built["advisor"]["recommended"] == node["recommended"]
+    probe = built["tree_overlap"]["overlap_probe"]
+    assert probe["tree_cycle_overlap_off"] > probe["tree_cycle_overlap_on"]
+    assert probe["tree_overlaps"] is True
+    assert "incomplete" not in built  # the bench and the probe both ran to the end
 
 
 def test_a_bench_cut_short_is_marked_incomplete(tmp_path):
