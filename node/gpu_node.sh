@@ -394,11 +394,20 @@ sys.exit(0 if any(s["status"] == "ready" for s in d["servers"]) else 1)' "$OUT/s
             --attention-backend triton 2>&1 | tee -a "$OUT/bench.log"
         status=${PIPESTATUS[0]}
     fi
-    # --profile: one traced batch-1 request per server splits the cycle (target graph, draft
-    # graphs, other kernels, idle; trace_breakdown), the evidence for where tree 3/4/5's extra
-    # cost over chain 3/1/4 goes (issue #24, step 3)
-    wide --batches 1 --rounds 2 --batch1-requests 8 --server-args "--load-format dummy" \
-        --log-dir "$LOGS/probe" \
+    # The zero-acceptance probe the advisor reads its cycle costs from. SEED_PROBE=twin (the
+    # default): the trained target with the drafter's never-right twin (`sglang-ext
+    # probe-drafter`: its final norm negated, the same cost), so the verify pass routes the
+    # drafts through the target's own router and the MoE fan-out is in the cost (2026-12-03:
+    # the dummy-weight probe missed 0.25-0.47 decode steps of it, and moe_fanout's byte model
+    # said 0.98-1.30); SEED_PROBE=dummy: --load-format dummy, tune adds that model's fan-out.
+    # --profile: one traced batch-1 request per server splits the cycle (trace_breakdown).
+    rm -rf "$MLA/wide-drafter-probe"
+    probe=(--server-args "--load-format dummy")
+    if [ "${SEED_PROBE:-twin}" = twin ] && python3 -m sglang_ext.cli probe-drafter \
+        "$MLA/wide-drafter" "$MLA/wide-drafter-probe" 2>&1 | tee -a "$OUT/bench.log"; then
+        probe=(--drafter "$MLA/wide-drafter-probe")
+    fi
+    wide --batches 1 --rounds 2 --batch1-requests 8 "${probe[@]}" --log-dir "$LOGS/probe" \
         --profile --attention-backend "$backend" --out-json "$OUT/seed-shape-probe.json" 2>&1 \
         | tee -a "$OUT/bench.log" || true
     # (spec-*: the main drafter's servers; the converted pair's records are another drafter)

@@ -65,15 +65,22 @@ def build(
     overlap_probe: dict | None = None,
 ) -> dict[str, Any]:
     trained = tune.bench_rows(bench, paths["bench"])
-    dummy = tune.bench_rows(probe, paths["probe"])
-    fanout = MoeFanout.from_config(config, paths["target_config"])
+    probed_rows = tune.bench_rows(probe, paths["probe"])
+    costs = tune.read_cost_file(probe, paths["probe"])
+    # a probe on the trained target (the drafter's never-right twin) has the fan-out in it
+    fanout = (
+        MoeFanout.from_config(config, paths["target_config"])
+        if costs.dummy_target is not False
+        else None
+    )
+    probe_key = "probe_cycle" if costs.dummy_target is False else "dummy_cycle"
     split = {}
     for setting, row in trained.items():
-        probed = dummy.get(setting, {}).get("cycle_cost_decode_steps")
+        probed = probed_rows.get(setting, {}).get("cycle_cost_decode_steps")
         measured = cycle(row)
         split[setting.label] = {
             "trained_cycle": measured,
-            "dummy_cycle": probed,
+            probe_key: probed,
             "difference": round(measured - probed, 4) if None not in (measured, probed) else None,
             "fanout_predicted": round(fanout.extra_decode_steps(setting.draft_tokens), 4)
             if fanout
@@ -82,7 +89,6 @@ def build(
             if fanout
             else None,
         }
-    costs = tune.read_cost_file(probe, paths["probe"])
     advice = tune.advise(tune.measured(records), costs.by_setting, fanout)
     advice["check"] = tune.check_against(advice, trained)
     chains = [s for s in trained if s.is_chain and trained[s].get("eta") is not None]
@@ -145,6 +151,8 @@ def build(
             "check": advice["check"],
             "costs_note": "dummy-probe costs + MoE fan-out from the target config"
             if fanout
+            else "costs probed on the trained target with the drafter's never-right twin"
+            if costs.dummy_target is False
             else "dummy-probe costs",
         },
         "goals": {

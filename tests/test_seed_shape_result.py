@@ -75,3 +75,25 @@ def test_a_bench_cut_short_is_marked_incomplete(tmp_path):
     assert ssr.main(argv) == 0
     built = json.loads((tmp_path / "result.json").read_text())
     assert built["incomplete"] == {"bench": {"partial": "5 of 12 measurements", "aborted": None}}
+
+
+def test_a_probe_on_the_trained_target_gets_no_modelled_fanout(tmp_path):
+    """A probe served on the trained target (the drafter's never-right twin, `sglang-ext
+    probe-drafter`) routes drafts through the target's router: its costs are used as
+    measured, with no fan-out model added, and the split says which probe it was."""
+    probe = json.loads(Path(f"{RUN_1203}-probe-dummy.json").read_text())
+    probe["server_extra_args"] = [
+        a for a in probe["server_extra_args"] if a not in ("--load-format", "dummy")
+    ]
+    twin = tmp_path / "probe.json"
+    twin.write_text(json.dumps(probe))
+    argv = args(tmp_path, tmp_path / "result.json", RUN_1203, "2026-12-03", "spec-*.jsonl")
+    argv[argv.index("--probe") + 1] = str(twin)
+    assert ssr.main(argv) == 0
+    built = json.loads((tmp_path / "result.json").read_text())
+    assert "never-right twin" in built["advisor"]["costs_note"]
+    chain = built["cycle_split"]["3/1/4"]
+    assert chain["probe_cycle"] == 1.093 and "dummy_cycle" not in chain
+    assert chain["fanout_predicted"] is None
+    predicted = built["advisor"]["predicted"]["3/1/4"]
+    assert predicted["cycle_cost"] == predicted["probe_cost"] == 1.093

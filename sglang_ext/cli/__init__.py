@@ -71,6 +71,18 @@ def build_parser(json_errors: bool = False) -> argparse.ArgumentParser:
         help="replace DST if it is a non-empty directory (never one that overlaps SRC)",
     )
 
+    probe = sub.add_parser(
+        "probe-drafter",
+        help="a never-right twin of a drafter (same cost, ~no acceptance) for tune's cost probe",
+    )
+    probe.add_argument("src", help="drafter directory (read, never modified)")
+    probe.add_argument("dst", help="new or empty directory for the twin (never inside SRC)")
+    probe.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace DST if it is a non-empty directory (never one that overlaps SRC)",
+    )
+
     demo = sub.add_parser("demo", help="write a tiny speculators drafter and diagnose it")
     demo.add_argument("--out", help="output directory (default: a new temporary directory)")
 
@@ -152,6 +164,10 @@ def run(argv: list[str]) -> int:
         from sglang_ext.cli import convert
 
         return convert.main(args)
+    if args.command == "probe-drafter":
+        from sglang_ext.cli import probe_drafter
+
+        return probe_drafter.main(args)
     if args.command == "demo":
         from sglang_ext.cli import demo
 

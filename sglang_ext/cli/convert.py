@@ -46,14 +46,14 @@ def converted_name(name: str, spec) -> str | None:
     return stock_checkpoint_name(name, "speculators")
 
 
-def check_destination(src: Path, dst: Path, overwrite: bool) -> None:
-    """Refuse any destination whose replacement could lose data."""
+def check_destination(src: Path, dst: Path, overwrite: bool, tool: str = "convert") -> None:
+    """Refuse any destination whose replacement could lose data (`tool`: the command named)."""
     source, target = src.resolve(), dst.resolve()
     if not dst.name:
-        raise ConversionRefused(f"{dst}: not a directory convert can create or replace")
+        raise ConversionRefused(f"{dst}: not a directory {tool} can create or replace")
     if target == source:
         raise ConversionRefused(
-            f"{dst} is the source directory: convert writes a new drafter and never modifies "
+            f"{dst} is the source directory: {tool} writes a new drafter and never modifies "
             "the source; choose a DST outside SRC"
         )
     if source in target.parents:
@@ -75,7 +75,7 @@ def check_destination(src: Path, dst: Path, overwrite: bool) -> None:
     if entries and not overwrite:
         shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
         raise ConversionRefused(
-            f"{dst} is not empty ({len(entries)} entries: {shown}); convert does not overwrite "
+            f"{dst} is not empty ({len(entries)} entries: {shown}); {tool} does not overwrite "
             "files. Choose a new DST, or pass --overwrite to replace that directory as a whole"
         )
 
