@@ -18,6 +18,7 @@ from typing import Any
 
 from sglang_ext.cli import tune
 from sglang_ext.cli.moe_fanout import MoeFanout
+from sglang_ext_tools import bench_speed
 
 CHAIN_ETA_GOAL = 0.82  # issue #24: 95 % of stock's dummy-probe ceiling (0.864)
 
@@ -27,6 +28,24 @@ def cycle(row: dict) -> float | None:
     if row.get("tau") is None or not row.get("speedup"):
         return None
     return round(row["tau"] / row["speedup"], 4)
+
+
+def paired_ratio(bench: dict, a: dict | None, b: dict | None) -> dict[str, Any] | None:
+    """Row a's server against row b's at batch 1, per prompt on the same prompts (each
+    prompt's time averaged over the rounds): ratio of speeds and its bootstrap interval."""
+    if not a or not b:
+        return None
+    agg = bench_speed.aggregate(bench.get("measurements", []))
+    fast, slow = agg.get((a["server"], 1)), agg.get((b["server"], 1))
+    if not fast or not slow:
+        return None
+    ci, method = bench_speed.speedup_interval(slow, fast, 1)
+    return {
+        "ratio": round(a["spec_tok_s"] / b["spec_tok_s"], 4),
+        "ratio_ci95": ci,
+        "method": method,
+        "servers": [a["server"], b["server"]],
+    }
 
 
 def overlap_finding(overlap_probe: dict | None, path: str | None) -> dict[str, Any] | None:
@@ -137,6 +156,10 @@ def build(
                 and chain["speedup_ci95"][1] >= tree["speedup_ci95"][0]
             ),
             "patch": None,
+            # the seed's tree against the best chain, same prompts, paired: what stands between
+            "tree_vs_best_chain": paired_ratio(
+                bench, tree, trained.get(best_chain) if best_chain else None
+            ),
             **(
                 {"overlap_probe": overlap_finding(overlap_probe, paths.get("overlap_probe"))}
                 if overlap_probe is not None

@@ -1,4 +1,4 @@
-"""`sglang-ext`: doctor | convert | bench | demo | self-check.
+"""`sglang-ext`: doctor | convert | bench | tune | probe-drafter | demo | self-check.
 
 Exit codes, every command (README "Exit codes", the table in sglang_ext.cli.exit_codes): 0 ok;
 1 the drafter or target has errors (doctor/demo verdict ERROR, also when a path named as the
