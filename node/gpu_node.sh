@@ -363,8 +363,10 @@ seed-shape-bench)
     pair=()  # no pair (and the reason in convert.log) if the conversion is refused
     if python3 -m sglang_ext.cli convert "$MLA/wide-drafter" "$MLA/wide-drafter-sglang" \
         --target "$MLA/wide-target" --force >"$OUT/convert.log" 2>&1; then
+        # --instance-noise: a second stock server beside the pair (2026-12-03: plugin/stock
+        # 0.967 [0.953, 0.981]; two servers of one configuration had not been compared)
         pair=(--drafter-nbr-false "$MLA/wide-drafter-sglang" --compare-setting 3,1,4
-            --drafter-nbr-false-sglang "$MLA/wide-drafter-sglang")
+            --drafter-nbr-false-sglang "$MLA/wide-drafter-sglang" --instance-noise)
     fi
     wide() {
         python3 -m sglang_ext_tools.bench_speed --target "$MLA/wide-target" \

@@ -60,6 +60,7 @@ MAIN = "speculators (plugin)"
 NBR_PLUGIN = "nbr_false (plugin)"
 NBR_STOCK = "nbr_false converted (stock SGLang)"
 NOISE = "no speculation, measured again (noise of the ratios)"
+NBR_STOCK_TWIN = "nbr_false converted (stock SGLang), second server"
 # goal name -> (figure, threshold); evaluated at `best` (plugin_vs_stock: compare setting)
 GOALS = {
     "speedup_ge_2_5": ("speedup", 2.5),
@@ -154,12 +155,16 @@ def server_specs(
     variants: Sequence[tuple[str, str, str]] = (),
     noise: bool = False,
     no_overlap: Sequence[Setting] = (),
+    instance_noise: bool = False,
 ) -> list[dict[str, Any]]:
     """The servers of one run, as plain data. `compare` None: no nbr-false servers. Each
     variant runs the main drafter at the compare setting (else the first) with its env.
     `noise`: the no-speculation server is measured twice per round ("nospec-again", no second
     server), so the run states the noise of its own ratios. Each `no_overlap` setting gets one
-    more plugin server with SGLang's overlap scheduler off (its rows: overlap false)."""
+    more plugin server with SGLang's overlap scheduler off (its rows: overlap false).
+    `instance_noise`: a second stock server of the nbr-false pair's configuration beside it,
+    so the run states how far two servers of one configuration lie apart (plugin_vs_stock
+    compares two servers, not one server twice)."""
 
     def spec(name: str, role: str, setting: Setting | None, stock: bool = False, **kw) -> dict:
         return {"name": name, "role": role, "setting": setting, "stock": stock, **kw}
@@ -172,6 +177,8 @@ def server_specs(
         tag = "-".join(map(str, compare))
         specs.append(spec(f"nbrfalse-plugin-{tag}", "nbr_plugin", compare))
         specs.append(spec(f"nbrfalse-stock-{tag}", "nbr_stock", compare, stock=True))
+        if instance_noise:
+            specs.append(spec(f"nbrfalse-stock2-{tag}", "nbr_stock_twin", compare, stock=True))
     default = compare if compare is not None else settings[0]
     for text, key, value in variants:
         label, at = variant_setting(text, default)
@@ -204,6 +211,7 @@ def drafter_path(spec: Mapping[str, Any], args: argparse.Namespace) -> str | Non
         "variant": args.drafter,
         "nbr_plugin": args.drafter_nbr_false,
         "nbr_stock": args.drafter_nbr_false_sglang,
+        "nbr_stock_twin": args.drafter_nbr_false_sglang,
     }.get(spec["role"])
 
 
@@ -337,7 +345,10 @@ def plan_groups(specs: Sequence[Mapping[str, Any]], at_once: int | None) -> list
     for spec in specs:
         if spec["role"] in BASELINE_ROLES:
             continue
-        if spec["role"] == "nbr_stock" and previous == "nbr_plugin":  # server_specs' order
+        if (spec["role"], previous) in (
+            ("nbr_stock", "nbr_plugin"),
+            ("nbr_stock_twin", "nbr_stock"),
+        ):  # server_specs' order: the pair (and its second stock server) go together
             units[-1].append(spec["name"])
         else:
             units.append([spec["name"]])
@@ -492,7 +503,14 @@ def build_rows(
     overlap scheduler off)."""
     statuses = statuses or {}
     nbr = {s["role"]: s for s in specs if s["role"] in ("nbr_plugin", "nbr_stock")}
-    drafter_of = {"spec": MAIN, "nbr_plugin": NBR_PLUGIN, "nbr_stock": NBR_STOCK, "noise": NOISE}
+    twin = next((s["name"] for s in specs if s["role"] == "nbr_stock_twin"), None)
+    drafter_of = {
+        "spec": MAIN,
+        "nbr_plugin": NBR_PLUGIN,
+        "nbr_stock": NBR_STOCK,
+        "noise": NOISE,
+        "nbr_stock_twin": NBR_STOCK_TWIN,
+    }
 
     def tok(name: str | None, b: int) -> float | None:
         entry = agg.get((name, b)) if name else None
@@ -516,6 +534,10 @@ def build_rows(
             pvs = _ratio(tok(pvs_pair[0], b), tok(pvs_pair[1], b)) if pvs_pair else None
             plugin, stock = (agg.get((n, b)) for n in pvs_pair) if pvs_pair else (None, None)
             pvs_ci = speedup_interval(stock, plugin, b)[0] if plugin and stock else None
+            # the same comparison between two stock servers of one configuration
+            second = agg.get((twin, b)) if pvs_pair and twin else None
+            svs = _ratio(tok(twin, b), tok(pvs_pair[1], b)) if second else None
+            svs_ci = speedup_interval(stock, second, b)[0] if second and stock else None
             missing = [n for n, e in (("nospec", base), (spec["name"], run)) if e is None]
             per_round = []
             for r in sorted((run or {}).get("tok_s_rounds", {})):
@@ -560,6 +582,11 @@ def build_rows(
                     "prompts": len(run.get("latency_rounds", [[]])[0]) if run else None,
                     "plugin_vs_stock": _r(pvs),
                     "plugin_vs_stock_ci95": pvs_ci,
+                    **(
+                        {"stock_vs_stock": _r(svs), "stock_vs_stock_ci95": svs_ci}
+                        if twin and pvs_pair
+                        else {}
+                    ),
                     "nospec_tpot_ms": _r(base.get("tpot_ms"), 3),
                     "spec_tpot_ms": _r(run.get("tpot_ms"), 3),
                     "cycle_cost_decode_steps": _r(_ratio(1.0, eta)),
@@ -602,6 +629,8 @@ def best_and_goals(rows: Sequence[Mapping[str, Any]], compare: Setting | None):
         "batch": batch,
         **values,
         "plugin_vs_stock_ci95": pvs.get("plugin_vs_stock_ci95"),
+        # --instance-noise: two stock servers of one configuration, the same comparison
+        **{k: pvs[k] for k in ("stock_vs_stock", "stock_vs_stock_ci95") if k in pvs},
     }
     for name, (key, threshold) in GOALS.items():
         value = values[key]
@@ -797,7 +826,15 @@ def merge_results(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         _, its = best_and_goals(theirs, tuple(own) if own else None)
         if its.get("plugin_vs_stock") is not None:
             per_backend[backend] = {
-                k: its[k] for k in ("batch", "plugin_vs_stock", "plugin_vs_stock_ci95")
+                k: its[k]
+                for k in (
+                    "batch",
+                    "plugin_vs_stock",
+                    "plugin_vs_stock_ci95",
+                    "stock_vs_stock",
+                    "stock_vs_stock_ci95",
+                )
+                if k in its
             } | {"pass": its["plugin_vs_stock_ge_0_99"]}
     goals["plugin_vs_stock_by_backend"] = per_backend
     backends = [res.get("attention_backend") for res in results]
@@ -1018,6 +1055,13 @@ def build_parser() -> argparse.ArgumentParser:
         "two is the run's own noise floor (row 'no speculation, measured again')",
     )
     p.add_argument(
+        "--instance-noise",
+        action="store_true",
+        help="a second stock server beside the nbr-false pair: its ratio to the first "
+        "(stock_vs_stock) is how far two servers of one configuration lie apart, the yardstick "
+        "for plugin_vs_stock",
+    )
+    p.add_argument(
         "--batch1-requests",
         type=_positive_int,
         default=64,
@@ -1103,8 +1147,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     stray = [label(x) for x in args.no_overlap_at if x not in args.settings]
     if stray:
         parser.error(f"--no-overlap-at {' '.join(stray)}: not one of --settings")
+    if args.instance_noise and not args.drafter_nbr_false:
+        parser.error("--instance-noise needs the nbr-false pair (--drafter-nbr-false ...)")
     args.specs = server_specs(
-        args.settings, args.compare, args.variant, args.noise, args.no_overlap_at
+        args.settings,
+        args.compare,
+        args.variant,
+        args.noise,
+        args.no_overlap_at,
+        args.instance_noise,
     )
     for spec in args.specs:  # the rows say what draft vocabulary each server ran
         spec["draft_vocab"] = draft_vocab(drafter_path(spec, args))

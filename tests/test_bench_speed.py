@@ -371,6 +371,64 @@ def test_main_with_fake_servers_writes_partial_results(prompts_file, tmp_path, m
         assert out_png.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_instance_noise_puts_a_second_stock_server_beside_the_pair(
+    prompts_file, tmp_path, monkeypatch
+):
+    """--instance-noise: a second stock server of the pair's configuration, in the pair's
+    group, and its ratio to the first (stock_vs_stock, paired per prompt) beside
+    plugin_vs_stock, the yardstick the plugin's figure is read against."""
+    specs = bs.server_specs([(3, 1, 4)], (3, 1, 4), instance_noise=True)
+    roles = {s["name"]: s["role"] for s in specs}
+    assert roles["nbrfalse-stock2-3-1-4"] == "nbr_stock_twin"
+    assert bs.plan_groups(specs, 4) == [
+        ["nospec", "spec-3-1-4"],
+        ["nospec", "nbrfalse-plugin-3-1-4", "nbrfalse-stock-3-1-4", "nbrfalse-stock2-3-1-4"],
+    ]
+    with pytest.raises(ValueError, match="needs --at-once 4"):
+        bs.plan_groups(specs, 3)
+
+    speed = {"nospec": 100.0, "spec-3-1-4": 250.0, "nbrfalse-plugin-3-1-4": 194.0,
+             "nbrfalse-stock-3-1-4": 200.0, "nbrfalse-stock2-3-1-4": 196.0}
+
+    def fake_run(server, prompts, concurrency, max_new_tokens):
+        results = [
+            RequestResult(k, True, completion_tokens=max_new_tokens, tpot_s=0.005,
+                          latency_s=max_new_tokens / speed[server.name] * (1 + k % 3 / 50),
+                          acceptance=Acceptance(verify_steps=None if server.name == "nospec"
+                                                else max_new_tokens // 4))
+            for k in range(len(prompts))
+        ]
+        return results, sum(r.latency_s for r in results)
+
+    def fake_start_all(servers, timeout):
+        for s in servers:
+            s.status = "ready"
+        return {s.name: s.status for s in servers}
+
+    monkeypatch.setattr(bs, "start_all", fake_start_all)
+    monkeypatch.setattr(bs, "stop_all", lambda servers: None)
+    monkeypatch.setattr(Server, "alive", lambda self: True)
+    monkeypatch.setattr(Server, "wait_gone", lambda self: True)
+    monkeypatch.setattr(bs, "_run", fake_run)
+    monkeypatch.setattr(bs, "gpu_info", lambda: {"name": "FakeGPU"})
+    out_json = tmp_path / "r.json"
+    argv = _argv(prompts_file, "--settings", "3,1,4", "--compare-setting", "3,1,4",
+                 "--instance-noise", "--at-once", "4", "--batches", "1", "--rounds", "2",
+                 "--batch1-requests", "8", "--max-new-tokens", "64", "--log-dir",
+                 str(tmp_path / "logs"), "--out-json", str(out_json))  # fmt: skip
+    assert bs.main(argv) == 0
+    data = json.loads(out_json.read_text())
+    stock = _row(data["rows"], bs.NBR_STOCK, (3, 1, 4), 1)
+    assert stock["plugin_vs_stock"] == pytest.approx(194 / 200, abs=1e-4)
+    assert stock["stock_vs_stock"] == pytest.approx(196 / 200, abs=1e-4)
+    low, high = stock["stock_vs_stock_ci95"]
+    assert low <= 196 / 200 <= high
+    assert _row(data["rows"], bs.NBR_STOCK_TWIN, (3, 1, 4), 1)["status"] == "ok"
+    assert data["goals"]["stock_vs_stock"] == stock["stock_vs_stock"]
+    with pytest.raises(SystemExit):  # the second stock server needs the pair
+        bs.parse_args(_argv(prompts_file, "--instance-noise", nbr=False))
+
+
 class _MachineLost(BaseException):
     """The process dies mid-run (the node went back): nothing after this point runs."""
 
