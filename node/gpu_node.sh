@@ -186,16 +186,17 @@ train_site() {
         .wh/s1/*.whl
 }
 
-# The bench's time limit: VAR if set, else what the lease has left (one-install's DEADLINE,
-# from its LEFT_S) less 90 s for the last poll to fetch the result, else DEFAULT.
+# A bench's time limit: what the lease has left (one-install's DEADLINE, from its LEFT_S) less
+# 90 s for the last poll and RESERVE seconds for what runs after it, capped by SET where the
+# variable is set; without a deadline SET, else DEFAULT.
 bench_limit() {
-    local set=$1 default=$2
-    if [ -n "$set" ]; then
-        echo "$set"
-    elif [ -f "$SUITE/DEADLINE" ]; then
-        echo $(($(cat "$SUITE/DEADLINE") - $(date +%s) - 90))
+    local set=$1 default=$2 reserve=${3:-0} left
+    if [ -f "$SUITE/DEADLINE" ]; then
+        left=$(($(cat "$SUITE/DEADLINE") - $(date +%s) - 90 - reserve))
+        if [ -n "$set" ] && [ "$set" -lt "$left" ]; then left=$set; fi
+        echo "$left"
     else
-        echo "$default"
+        echo "${set:-$default}"
     fi
 }
 step=${1:?usage: gpu_node.sh STEP [ARGS...] (the steps: see the header of node/gpu_node.sh)}
@@ -288,8 +289,14 @@ speed-pipeline)
     echo "fixtures done (ok=$ok) at $(date +%T); waiting for the install"
     while [ ! -f "$INSTALLED" ]; do sleep 2; done
     if [ "$ok" = 1 ]; then
+        # the main bench leaves the lease room for the backends' pairs after it
+        # shellcheck disable=SC2206  # the backend names, split on purpose
+        backends=(${SPEED_BACKENDS:-})
+        limit=$(bench_limit "${SPEED_BENCH_LIMIT:-}" 560 \
+            $((${#backends[@]} * ${SPEED_BACKEND_LIMIT:-240})))
+        echo "bench limit ${limit} s at $(date +%T)"
         # shellcheck disable=SC2086  # bench flags, split on purpose
-        OUT="$SPEED/result" PYTHONPATH="$SITE" timeout -s INT "${SPEED_BENCH_LIMIT:-560}" \
+        OUT="$SPEED/result" PYTHONPATH="$SITE" timeout -s INT "$limit" \
             bash node/gpu_node.sh speed-bench ${SPEED_BENCH_ARGS:-} || true
         # SPEED_BACKENDS="triton flashinfer": then, per backend, the plugin/stock pair at 3/1/4
         # beside its own baseline (plugin >= 0.99x stock on every backend; `bench_speed merge`
@@ -331,9 +338,9 @@ seed-shape-pipeline)
     fi
     while [ ! -f "$INSTALLED" ]; do sleep 2; done
     if [ "$ok" = 1 ]; then
-        # shellcheck disable=SC2086  # bench flags, split on purpose
         limit=$(bench_limit "${SEED_BENCH_LIMIT:-}" 1000)
         echo "bench limit ${limit} s at $(date +%T)"
+        # shellcheck disable=SC2086  # bench flags, split on purpose
         OUT="$SEED/result" PYTHONPATH="$SITE" timeout -s INT "$limit" \
             bash node/gpu_node.sh seed-shape-bench ${SEED_BENCH_ARGS:-} || true
         touch "$SEED/DONE"

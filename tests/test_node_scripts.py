@@ -108,3 +108,27 @@ def test_the_header_lists_every_subcommand():
 def test_every_step_the_script_calls_itself_with_is_a_subcommand():
     called = set(re.findall(r"bash \S*gpu_node\.sh ([a-z0-9-]+)", TEXT))
     assert called <= case_steps(), sorted(called - case_steps())
+
+
+def test_the_bench_limit_comes_from_the_lease(tmp_path):
+    """bench_limit: without a deadline the variable, else the default; with one (one-install's
+    LEFT_S) what the lease has left less 90 s for the last poll and the reserve for what runs
+    after, capped by the variable: a bench never outlives the machine it runs on."""
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("no bash")
+    body = "bench_limit() {" + TEXT.split("bench_limit() {", 1)[1].split("\n}", 1)[0] + "\n}"
+    script = (
+        f"SUITE={tmp_path}\n{body}\n"
+        'bench_limit "" 1000; bench_limit 700 1000\n'
+        f"echo $(($(date +%s) + 500)) >{tmp_path}/DEADLINE\n"
+        'bench_limit "" 1000; bench_limit 700 1000; bench_limit 300 1000; '
+        'bench_limit "" 1000 200\n'
+    )
+    proc = subprocess.run([bash, "-c", script], capture_output=True, text=True, check=True)
+    figures = list(map(int, proc.stdout.split()))
+    assert figures[:2] == [1000, 700]  # no deadline
+    lease, capped_by_lease, capped_by_var, reserved = figures[2:]
+    assert 405 <= lease <= 410 and capped_by_lease == lease
+    assert capped_by_var == 300
+    assert 205 <= reserved <= 210
