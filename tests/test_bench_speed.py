@@ -285,6 +285,27 @@ def test_png_is_written(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def _fake_requests(name, count, max_new_tokens, speed, per_step=4, jitter=0.0):
+    """`count` finished requests from server `name` at `speed` tok/s, prompt k's time stretched
+    by (k % 3) * jitter; a speculative server verifies in max_new_tokens // per_step steps.
+    Returns (results, wall seconds) as bench_speed._run does."""
+    results = [
+        RequestResult(k, True, completion_tokens=max_new_tokens, tpot_s=0.005,
+                      latency_s=max_new_tokens / speed * (1 + k % 3 * jitter),
+                      acceptance=Acceptance(verify_steps=None if name == "nospec"
+                                            else max_new_tokens // per_step))
+        for k in range(count)
+    ]  # fmt: skip
+    return results, sum(r.latency_s for r in results)
+
+
+def _all_ready(servers, timeout):
+    """start_all's stand-in: every server up."""
+    for s in servers:
+        s.status = "ready"
+    return {s.name: s.status for s in servers}
+
+
 # ------------------------------------------------------------------ CLI
 
 
@@ -328,14 +349,7 @@ def test_main_with_fake_servers_writes_partial_results(prompts_file, tmp_path, m
 
     def fake_run(server, prompts, concurrency, max_new_tokens):
         calls.append((server.name, len(prompts), concurrency))
-        results = [
-            RequestResult(k, True, completion_tokens=max_new_tokens, tpot_s=0.005,
-                          latency_s=max_new_tokens / speed[server.name],
-                          acceptance=Acceptance(verify_steps=None if server.name == "nospec"
-                                                else max_new_tokens // 4))
-            for k in range(len(prompts))
-        ]
-        return results, len(prompts) * max_new_tokens / speed[server.name]
+        return _fake_requests(server.name, len(prompts), max_new_tokens, speed[server.name])
 
     monkeypatch.setattr(bs, "start_all", fake_start_all)
     monkeypatch.setattr(bs, "_run", fake_run)
@@ -391,21 +405,10 @@ def test_instance_noise_puts_a_second_stock_server_beside_the_pair(
              "nbrfalse-stock-3-1-4": 200.0, "nbrfalse-stock2-3-1-4": 196.0}
 
     def fake_run(server, prompts, concurrency, max_new_tokens):
-        results = [
-            RequestResult(k, True, completion_tokens=max_new_tokens, tpot_s=0.005,
-                          latency_s=max_new_tokens / speed[server.name] * (1 + k % 3 / 50),
-                          acceptance=Acceptance(verify_steps=None if server.name == "nospec"
-                                                else max_new_tokens // 4))
-            for k in range(len(prompts))
-        ]
-        return results, sum(r.latency_s for r in results)
+        name = server.name
+        return _fake_requests(name, len(prompts), max_new_tokens, speed[name], jitter=1 / 50)
 
-    def fake_start_all(servers, timeout):
-        for s in servers:
-            s.status = "ready"
-        return {s.name: s.status for s in servers}
-
-    monkeypatch.setattr(bs, "start_all", fake_start_all)
+    monkeypatch.setattr(bs, "start_all", _all_ready)
     monkeypatch.setattr(bs, "stop_all", lambda servers: None)
     monkeypatch.setattr(Server, "alive", lambda self: True)
     monkeypatch.setattr(Server, "wait_gone", lambda self: True)
@@ -439,11 +442,6 @@ def test_a_run_lost_mid_way_leaves_the_measurements_that_finished_on_disk(
     """After every measurement the result so far is on disk, marked partial: a run killed
     during its 4th measurement leaves the first three, and round 0's speedup with them."""
 
-    def fake_start_all(servers, timeout):
-        for s in servers:
-            s.status = "ready"
-        return {s.name: s.status for s in servers}
-
     speed = {"nospec": 100.0, "spec-3-1-4": 250.0}
     timed = []
 
@@ -452,16 +450,9 @@ def test_a_run_lost_mid_way_leaves_the_measurements_that_finished_on_disk(
             timed.append(server.name)
             if len(timed) == 4:
                 raise _MachineLost
-        results = [
-            RequestResult(k, True, completion_tokens=max_new_tokens, tpot_s=0.005,
-                          latency_s=max_new_tokens / speed[server.name],
-                          acceptance=Acceptance(verify_steps=None if server.name == "nospec"
-                                                else max_new_tokens // 4))
-            for k in range(len(prompts))
-        ]
-        return results, len(prompts) * max_new_tokens / speed[server.name]
+        return _fake_requests(server.name, len(prompts), max_new_tokens, speed[server.name])
 
-    monkeypatch.setattr(bs, "start_all", fake_start_all)
+    monkeypatch.setattr(bs, "start_all", _all_ready)
     monkeypatch.setattr(bs, "stop_all", lambda servers: None)
     monkeypatch.setattr(Server, "alive", lambda self: True)
     monkeypatch.setattr(bs, "_run", fake_run)
@@ -572,14 +563,7 @@ def test_at_once_two_times_each_server_beside_the_baseline_of_its_own_group(
     def fake_run(server, prompts, concurrency, max_new_tokens):
         base = 100.0 / 2 ** group[0]
         speed = base if server.name == "nospec" else 2 * base
-        results = [
-            RequestResult(k, True, completion_tokens=max_new_tokens, tpot_s=0.005,
-                          latency_s=max_new_tokens / speed,
-                          acceptance=Acceptance(verify_steps=None if server.name == "nospec"
-                                                else max_new_tokens // 2))
-            for k in range(len(prompts))
-        ]  # fmt: skip
-        return results, len(prompts) * max_new_tokens / speed
+        return _fake_requests(server.name, len(prompts), max_new_tokens, speed, per_step=2)
 
     monkeypatch.setattr(bs, "start_all", fake_start_all)
     monkeypatch.setattr(bs, "_run", fake_run)
