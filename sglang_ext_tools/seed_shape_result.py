@@ -84,18 +84,12 @@ def build(
     overlap_probe: dict | None = None,
 ) -> dict[str, Any]:
     trained = tune.bench_rows(bench, paths["bench"])
-    probed_rows = tune.bench_rows(probe, paths["probe"])
     costs = tune.read_cost_file(probe, paths["probe"])
-    # a probe on the trained target (the drafter's never-right twin) has the fan-out in it
-    fanout = (
-        MoeFanout.from_config(config, paths["target_config"])
-        if costs.dummy_target is not False
-        else None
-    )
-    probe_key = "probe_cycle" if costs.dummy_target is False else "dummy_cycle"
+    fanout = None if costs.has_fanout else MoeFanout.from_config(config, paths["target_config"])
+    probe_key = "probe_cycle" if costs.has_fanout else "dummy_cycle"
     split = {}
     for setting, row in trained.items():
-        probed = probed_rows.get(setting, {}).get("cycle_cost_decode_steps")
+        probed = costs.by_setting.get(setting)
         measured = cycle(row)
         split[setting.label] = {
             "trained_cycle": measured,
@@ -175,7 +169,7 @@ def build(
             "costs_note": "dummy-probe costs + MoE fan-out from the target config"
             if fanout
             else "costs probed on the trained target with the drafter's never-right twin"
-            if costs.dummy_target is False
+            if costs.has_fanout
             else "dummy-probe costs",
         },
         "goals": {

@@ -178,6 +178,12 @@ class Costs:
     by_setting: dict[Setting, float]
     dummy_target: bool | None
 
+    @property
+    def has_fanout(self) -> bool:
+        """Probed on the trained target (e.g. with ``sglang-ext probe-drafter``'s twin): the
+        MoE verify fan-out is in the costs already, so no model of it is added."""
+        return self.dummy_target is False
+
 
 def is_bench_result(data: Any) -> bool:
     # bench_speed results carry "rows" (and a "settings" list of [steps, topk, draft] too)
@@ -334,7 +340,7 @@ def render(advice: Mapping[str, Any]) -> str:
 def fanout_for(costs: Costs, config_path: Path | None, tp: int) -> tuple[MoeFanout | None, str]:
     """The fan-out to add (None: none) and one line saying why."""
     if config_path is None:
-        if costs.dummy_target is False:
+        if costs.has_fanout:
             return None, ""
         return None, (
             "costs probed on dummy target weights: an MoE target's verify fan-out is not in "
@@ -345,7 +351,7 @@ def fanout_for(costs: Costs, config_path: Path | None, tp: int) -> tuple[MoeFano
     fanout = MoeFanout.from_config(read_json(config_path), str(config_path), tp)
     if fanout is None:
         return None, f"{config_path}: a dense target; no verify fan-out"
-    if costs.dummy_target is False:
+    if costs.has_fanout:
         return None, "costs probed on the trained target: its fan-out is in them already"
     said = "" if costs.dummy_target else " (assumed: the cost file does not say)"
     return fanout, (
