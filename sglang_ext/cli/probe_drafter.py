@@ -85,7 +85,13 @@ def write_probe_drafter(src: str | Path, dst: str | Path, overwrite: bool = Fals
     dst.parent.mkdir(parents=True, exist_ok=True)
     staging = dst.with_name(f".{dst.name}.probe-{uuid.uuid4().hex[:8]}")
     try:
-        shutil.copytree(spec.source, staging, symlinks=False)
+        # every file but the one rewritten below (a shard can be gigabytes)
+        rewritten = norm_file.resolve()
+        shutil.copytree(
+            spec.source,
+            staging,
+            ignore=lambda d, names: [n for n in names if (Path(d) / n).resolve() == rewritten],
+        )
         with safe_open(str(norm_file), framework="pt") as handle:
             metadata = handle.metadata()
             tensors = {name: handle.get_tensor(name) for name in handle.keys()}
