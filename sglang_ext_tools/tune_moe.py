@@ -1,0 +1,320 @@
+#!/usr/bin/env python
+"""A tuned fused-MoE kernel config for one MoE shape on this GPU, where SGLang ships none.
+
+SGLang's Triton MoE runner looks up ``E=..,N=..,device_name=...json`` under
+``$SGLANG_MOE_CONFIG_DIR/configs/triton_<version>/`` (``fused_moe_triton_config.py:
+get_moe_configs``) and, finding none, logs "Using default MoE kernel config. Performance
+might be sub-optimal!" and runs ``get_default_config``. Every server of the seed-shape run
+(2026-12-03: E=32, N=256 on the H200) did. Its verify forward of 4-8 tokens routes each to 8
+of 32 experts, so its MoE reads about three times the expert rows of a decode step: the
+MoE fan-out that put the trained cycle 0.25-0.47 decode steps above the dummy one.
+
+This times ``fused_moe`` under ``override_config`` for each candidate config at each token
+count in --tokens (decode 1, verify = draft tokens x batch), each call inside a CUDA graph
+so the host's launch cost stays out, keeps the fastest per token count and writes the table
+where SGLang looks. Token counts not searched (prefill's) carry SGLang's own default config
+for that count, so the file changes nothing the search did not time. Then serve with
+``SGLANG_MOE_CONFIG_DIR=OUT``.
+
+    python -m sglang_ext_tools.tune_moe --model TARGET_DIR --out /tmp/moe-configs \\
+        --json tune-moe.json
+
+The report (--json) has, per token count, the default config's time, the best one's, and
+the saving per forward over the model's MoE layers: the prediction to hold the served
+cycle against.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import itertools
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+# Token counts a batch-1 server runs through the MoE: decode, the verify forwards of chains
+# 3/1/4 .. 7/1/8 and trees of 5 and 8 draft tokens, and a few batches of them.
+DEFAULT_TOKENS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32)
+# Counts past the search keep SGLang's default there (nearest-key lookup): prefill's.
+DEFAULT_FILL = (48, 64, 128, 256, 512, 1024, 2048, 4096)
+SMEM_BYTES = 227 * 1024  # Hopper's opt-in shared memory per block
+
+
+@dataclasses.dataclass(frozen=True)
+class MoeShape:
+    experts: int  # E, routed experts on this rank
+    intermediate: int  # N, each expert's intermediate width on this rank
+    hidden: int  # K
+    topk: int
+    layers: int  # MoE layers per forward (the saving multiplies by it)
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], tp: int = 1) -> MoeShape:
+        """DeepSeek-V3-style config.json (n_routed_experts, moe_intermediate_size,
+        num_experts_per_tok, first_k_dense_replace)."""
+        missing = [
+            k
+            for k in ("n_routed_experts", "moe_intermediate_size", "num_experts_per_tok")
+            if k not in config
+        ]
+        if missing:
+            raise ValueError(
+                f"config.json has no {', '.join(missing)}: not a DeepSeek-V3-style MoE "
+                "model; give --experts --intermediate --hidden --topk instead"
+            )
+        if config["moe_intermediate_size"] % tp:
+            raise ValueError(
+                f"moe_intermediate_size {config['moe_intermediate_size']} does not split "
+                f"over tp {tp}"
+            )
+        dense = config.get("first_k_dense_replace", 0)
+        freq = config.get("moe_layer_freq", 1)
+        layers = sum(1 for i in range(config["num_hidden_layers"]) if i >= dense and i % freq == 0)
+        return cls(
+            experts=config["n_routed_experts"],
+            intermediate=config["moe_intermediate_size"] // tp,
+            hidden=config["hidden_size"],
+            topk=config["num_experts_per_tok"],
+            layers=layers,
+        )
+
+
+def candidate_configs(quick: bool = False) -> list[dict[str, int]]:
+    """bf16 configs for small token counts that fit Hopper's shared memory."""
+    block_m = (16, 32) if quick else (16, 32, 64)
+    block_n = (32, 64, 128) if quick else (32, 64, 128, 256)
+    block_k = (64, 128, 256)
+    warps = (4,) if quick else (4, 8)
+    stages = (3, 4) if quick else (2, 3, 4, 5)
+    out = []
+    for m, n, k, w, s in itertools.product(block_m, block_n, block_k, warps, stages):
+        if (m * k + k * n) * 2 * s > SMEM_BYTES:
+            continue
+        out.append(
+            {
+                "BLOCK_SIZE_M": m,
+                "BLOCK_SIZE_N": n,
+                "BLOCK_SIZE_K": k,
+                "GROUP_SIZE_M": 1,
+                "num_warps": w,
+                "num_stages": s,
+            }
+        )
+    return out
+
+
+def config_table(
+    best: dict[int, dict[str, int]], default_for, fill: tuple[int, ...] = DEFAULT_FILL
+) -> dict[str, dict[str, int]]:
+    """SGLang's file layout: {"M": config}, the searched counts with their best config and
+    the fill counts with ``default_for(M)`` (what SGLang runs there without a file)."""
+    table = {m: dict(cfg) for m, cfg in best.items()}
+    for m in fill:
+        if m not in table and m > max(best, default=0):
+            table[m] = dict(default_for(m))
+    return {str(m): table[m] for m in sorted(table)}
+
+
+def config_path(out: Path, triton_version: str, file_name: str) -> Path:
+    return out / "configs" / f"triton_{triton_version.replace('.', '_')}" / file_name
+
+
+def check_out_dir(out: Path) -> None:
+    """OUT must be new or empty: the tool never writes over a config someone keeps."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ValueError(f"{out}: exists and is not an empty directory; give a new one")
+
+
+def sglang_context():
+    """SGLang 0.5.23's config lookups read the published server config (``get_exec()``);
+    outside a server, publish its dummy one for the time of the call."""
+    import contextlib
+
+    try:
+        from sglang.srt.runtime_context import get_context
+    except ImportError:  # SGLang before the runtime context (0.5.17)
+        return contextlib.nullcontext()
+    return get_context().override_server_args()
+
+
+def _timer(fn, reps: int, graph_calls: int) -> float:
+    """Median ms of one call of ``fn``: ``graph_calls`` calls captured in one CUDA graph,
+    the graph replayed ``reps`` times."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()  # compile and warm outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(graph_calls):
+            fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / graph_calls)
+    graph.reset()
+    times.sort()
+    return times[len(times) // 2]
+
+
+def tune(shape: MoeShape, tokens, configs, reps: int, graph_calls: int, time_limit: float):
+    """Per token count: (default config, its ms, best config, its ms, configs timed)."""
+    import torch
+    from sglang.srt.layers.moe.moe_runner.base import MoeRunnerConfig
+    from sglang.srt.layers.moe.moe_runner.triton_utils import override_config
+    from sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe import fused_experts
+    from sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe_triton_config import (
+        get_default_config,
+    )
+    from sglang.srt.layers.moe.topk import StandardTopKOutput
+
+    torch.manual_seed(0)
+    dev, dt = "cuda", torch.bfloat16
+    e, n, k = shape.experts, shape.intermediate, shape.hidden
+    w1 = torch.randn(e, 2 * n, k, device=dev, dtype=dt) * k**-0.5
+    w2 = torch.randn(e, k, n, device=dev, dtype=dt) * n**-0.5
+    runner = MoeRunnerConfig(inplace=False, top_k=shape.topk)
+    deadline = time.monotonic() + time_limit
+    results = {}
+    for m in tokens:
+        x = torch.randn(m, k, device=dev, dtype=dt)
+        # each token to topk distinct experts, drawn at random: the fan-out of real routing
+        ids = torch.rand(m, e, device=dev).topk(shape.topk, dim=-1).indices.to(torch.int32)
+        weights = torch.softmax(torch.randn(m, shape.topk, device=dev), -1)
+        topk_out = StandardTopKOutput(weights, ids, torch.empty(0, device=dev))
+
+        def call(cfg, x=x, topk_out=topk_out):
+            def fn():
+                with override_config(cfg):
+                    fused_experts(x, w1, w2, topk_out, runner)
+
+            return fn
+
+        default = get_default_config(m, e, n, k, shape.topk, None, False, None)
+        default_ms = _timer(call(default), reps, graph_calls)
+        best, best_ms, timed = dict(default), default_ms, 0
+        for cfg in configs:
+            if time.monotonic() > deadline:
+                break
+            try:
+                ms = _timer(call(cfg), reps, graph_calls)
+            except Exception:  # noqa: BLE001 - a config the kernel or the GPU refuses
+                continue
+            timed += 1
+            if ms < best_ms:
+                best, best_ms = dict(cfg), ms
+        results[m] = {
+            "default": default,
+            "default_ms": round(default_ms, 5),
+            "best": best,
+            "best_ms": round(best_ms, 5),
+            "configs_timed": timed,
+        }
+        print(
+            f"M={m}: default {default_ms * 1e3:.1f} us, best {best_ms * 1e3:.1f} us "
+            f"({timed} configs)",
+            flush=True,
+        )
+    return results
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", help="target directory (config.json)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size it is served at")
+    p.add_argument("--experts", type=int)
+    p.add_argument("--intermediate", type=int)
+    p.add_argument("--hidden", type=int)
+    p.add_argument("--topk", type=int)
+    p.add_argument("--layers", type=int, default=1)
+    p.add_argument("--tokens", type=int, nargs="+", default=list(DEFAULT_TOKENS))
+    p.add_argument("--quick", action="store_true", help="a smaller search (~36 configs)")
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--graph-calls", type=int, default=10)
+    p.add_argument("--time-limit", type=float, default=300.0, help="search seconds, all counts")
+    p.add_argument("--out", required=True, help="new or empty directory: SGLANG_MOE_CONFIG_DIR")
+    p.add_argument("--json", help="report file")
+    return p.parse_args(argv)
+
+
+def shape_from_args(args) -> MoeShape:
+    if args.model:
+        config = json.loads((Path(args.model) / "config.json").read_text())
+        return MoeShape.from_config(config, args.tp)
+    given = [args.experts, args.intermediate, args.hidden, args.topk]
+    if any(v is None for v in given):
+        raise ValueError("give --model, or all of --experts --intermediate --hidden --topk")
+    return MoeShape(args.experts, args.intermediate, args.hidden, args.topk, args.layers)
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    out = Path(args.out)
+    try:
+        shape = shape_from_args(args)
+        check_out_dir(out)
+    except (ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    import torch
+    import triton
+    from sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe_triton_config import (
+        get_config_file_name,
+        get_default_config,
+    )
+
+    if not torch.cuda.is_available():
+        print("error: tune_moe times kernels on a GPU; none is visible", file=sys.stderr)
+        return 2
+    started = time.time()
+    e, n, k, topk = shape.experts, shape.intermediate, shape.hidden, shape.topk
+    with sglang_context():
+        results = tune(
+            shape,
+            sorted(set(args.tokens)),
+            candidate_configs(args.quick),
+            args.reps,
+            args.graph_calls,
+            args.time_limit,
+        )
+        table = config_table(
+            {m: r["best"] for m, r in results.items()},
+            lambda m: get_default_config(m, e, n, k, topk, None, False, None),
+        )
+    path = config_path(out, triton.__version__, get_config_file_name(e, n, None))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(table, indent=2) + "\n")
+    print(f"wrote {path}; serve with SGLANG_MOE_CONFIG_DIR={out}")
+    if args.json:
+        for r in results.values():
+            r["saving_ms_per_forward"] = round((r["default_ms"] - r["best_ms"]) * shape.layers, 4)
+        report = {
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "gpu": torch.cuda.get_device_name(),
+            "versions": {"torch": torch.__version__, "triton": triton.__version__},
+            "shape": dataclasses.asdict(shape),
+            "config_file": str(path),
+            "command": "python -m sglang_ext_tools.tune_moe " + " ".join(argv),
+            "wall_s": round(time.time() - started, 1),
+            "tokens": {str(m): r for m, r in results.items()},
+        }
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

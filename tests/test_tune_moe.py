@@ -1,0 +1,112 @@
+"""tune_moe's CPU parts: the shape from a config, the search space, the table SGLang reads
+and where it goes (held against SGLang's own lookup), and the refusals."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sglang_ext_tools import tune_moe
+
+KIMI_RANK = {
+    "num_hidden_layers": 61,
+    "hidden_size": 7168,
+    "n_routed_experts": 32,
+    "moe_intermediate_size": 256,
+    "num_experts_per_tok": 8,
+    "first_k_dense_replace": 1,
+}
+
+
+def test_shape_from_a_deepseek_config_counts_its_moe_layers():
+    shape = tune_moe.MoeShape.from_config(KIMI_RANK)
+    assert shape == tune_moe.MoeShape(32, 256, 7168, 8, 60)
+    assert tune_moe.MoeShape.from_config(KIMI_RANK, tp=2).intermediate == 128
+
+
+def test_shape_refuses_a_dense_config_naming_the_fields():
+    with pytest.raises(ValueError, match="n_routed_experts, moe_intermediate_size"):
+        tune_moe.MoeShape.from_config({"hidden_size": 4096, "num_experts_per_tok": 2})
+    with pytest.raises(ValueError, match="does not split over tp 3"):
+        tune_moe.MoeShape.from_config(KIMI_RANK, tp=3)
+
+
+def test_candidates_fit_shared_memory_and_quick_is_a_subset():
+    full = tune_moe.candidate_configs()
+    quick = tune_moe.candidate_configs(quick=True)
+    for cfg in full:
+        smem = (cfg["BLOCK_SIZE_M"] + cfg["BLOCK_SIZE_N"]) * cfg["BLOCK_SIZE_K"] * 2
+        assert smem * cfg["num_stages"] <= tune_moe.SMEM_BYTES
+    assert all(cfg in full for cfg in quick)
+    assert 20 <= len(quick) < len(full)
+
+
+def test_table_keeps_the_search_and_fills_larger_counts_with_the_default():
+    best = {1: {"BLOCK_SIZE_M": 16, "num_stages": 4}, 4: {"BLOCK_SIZE_M": 32, "num_stages": 3}}
+    table = tune_moe.config_table(best, lambda m: {"BLOCK_SIZE_M": 64, "M": m}, fill=(2, 64))
+    assert list(table) == ["1", "4", "64"]  # a fill count inside the search stays out
+    assert table["4"] == best[4]
+    assert table["64"] == {"BLOCK_SIZE_M": 64, "M": 64}
+
+
+def test_written_table_is_what_sglang_looks_up(tmp_path, monkeypatch):
+    cfg_mod = pytest.importorskip(
+        "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe_triton_config"
+    )
+    import triton
+
+    def default(m):
+        return cfg_mod.get_default_config(m, 32, 256, 7168, 8, None, False, None)
+
+    monkeypatch.setattr(cfg_mod, "get_device_name", lambda device_id=0: "NVIDIA H200")
+    monkeypatch.setenv("SGLANG_MOE_CONFIG_DIR", str(tmp_path))
+    best = {4: {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1}}
+    cfg_mod.get_moe_configs.cache_clear()
+    with tune_moe.sglang_context():
+        table = tune_moe.config_table(best, default)
+        path = tune_moe.config_path(
+            tmp_path, triton.__version__, cfg_mod.get_config_file_name(32, 256, None)
+        )
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps(table))
+        found = cfg_mod.get_moe_configs(32, 256, None)
+        prefill_default = default(256)
+    cfg_mod.get_moe_configs.cache_clear()
+    assert path.name == "E=32,N=256,device_name=NVIDIA_H200.json"
+    assert found == {int(m): c for m, c in table.items()}
+    assert found[4] == best[4]
+    # prefill (M 256) gets exactly what SGLang runs there without the file
+    assert found[256] == prefill_default
+
+
+def test_refuses_a_directory_that_is_not_empty(tmp_path, capsys):
+    (tmp_path / "keep.json").write_text("{}")
+    rc = tune_moe.main(
+        [
+            "--experts",
+            "32",
+            "--intermediate",
+            "256",
+            "--hidden",
+            "7168",
+            "--topk",
+            "8",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    assert rc == 2
+    assert f"{tmp_path}: exists and is not an empty directory" in capsys.readouterr().err
+    assert (tmp_path / "keep.json").read_text() == "{}"
+
+
+def test_needs_a_shape(tmp_path, capsys):
+    assert tune_moe.main(["--experts", "32", "--out", str(tmp_path / "new")]) == 2
+    assert "give --model, or all of" in capsys.readouterr().err
+
+
+def test_reads_the_shape_from_the_model_directory(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(KIMI_RANK))
+    args = tune_moe.parse_args(["--model", str(tmp_path), "--out", str(tmp_path / "o")])
+    assert tune_moe.shape_from_args(args).layers == 60
