@@ -187,45 +187,48 @@ def tune(shape: MoeShape, tokens, configs, reps: int, graph_calls: int, time_lim
     w1 = torch.randn(e, 2 * n, k, device=dev, dtype=dt) * k**-0.5
     w2 = torch.randn(e, k, n, device=dev, dtype=dt) * n**-0.5
     runner = MoeRunnerConfig(inplace=False, top_k=shape.topk)
-    deadline = time.monotonic() + time_limit
-    results = {}
+    calls = {}
     for m in tokens:
         x = torch.randn(m, k, device=dev, dtype=dt)
         # each token to topk distinct experts, drawn at random: the fan-out of real routing
         ids = torch.rand(m, e, device=dev).topk(shape.topk, dim=-1).indices.to(torch.int32)
         weights = torch.softmax(torch.randn(m, shape.topk, device=dev), -1)
-        topk_out = StandardTopKOutput(weights, ids, torch.empty(0, device=dev))
+        calls[m] = (x, StandardTopKOutput(weights, ids, torch.empty(0, device=dev)))
 
-        def call(cfg, x=x, topk_out=topk_out):
-            def fn():
-                with override_config(cfg):
-                    fused_experts(x, w1, w2, topk_out, runner)
+    def timed_ms(cfg, m):
+        x, topk_out = calls[m]
 
-            return fn
+        def fn():
+            with override_config(cfg):
+                fused_experts(x, w1, w2, topk_out, runner)
 
+        return _timer(fn, reps, graph_calls)
+
+    results = {}
+    for m in tokens:
         default = get_default_config(m, e, n, k, shape.topk, None, False, None)
-        default_ms = _timer(call(default), reps, graph_calls)
-        best, best_ms, timed = dict(default), default_ms, 0
-        for cfg in configs:
-            if time.monotonic() > deadline:
-                break
+        ms = timed_ms(default, m)
+        results[m] = {"default": default, "default_ms": ms, "best": dict(default), "best_ms": ms}
+        results[m]["configs_timed"] = 0
+    # configs outside, token counts inside: a time limit cuts every count's search alike
+    deadline = time.monotonic() + time_limit
+    for cfg in configs:
+        if time.monotonic() > deadline:
+            break
+        for m in tokens:
             try:
-                ms = _timer(call(cfg), reps, graph_calls)
+                ms = timed_ms(cfg, m)
             except Exception:  # noqa: BLE001 - a config the kernel or the GPU refuses
-                continue
-            timed += 1
-            if ms < best_ms:
-                best, best_ms = dict(cfg), ms
-        results[m] = {
-            "default": default,
-            "default_ms": round(default_ms, 5),
-            "best": best,
-            "best_ms": round(best_ms, 5),
-            "configs_timed": timed,
-        }
+                break
+            r = results[m]
+            r["configs_timed"] += 1
+            if ms < r["best_ms"]:
+                r["best"], r["best_ms"] = dict(cfg), ms
+    for m, r in results.items():
+        r["default_ms"], r["best_ms"] = round(r["default_ms"], 5), round(r["best_ms"], 5)
         print(
-            f"M={m}: default {default_ms * 1e3:.1f} us, best {best_ms * 1e3:.1f} us "
-            f"({timed} configs)",
+            f"M={m}: default {r['default_ms'] * 1e3:.1f} us, best {r['best_ms'] * 1e3:.1f} us "
+            f"({r['configs_timed']} configs)",
             flush=True,
         )
     return results
