@@ -145,3 +145,36 @@ def test_pickle_only_sglang_format_drafter_is_only_read_with_the_safe_loader(
     LoadPlan(load_drafter_spec(directory))
     assert calls and all(flag is True for flag in calls)
     assert doctor.diagnose(directory).verdict == "OK"
+
+
+# -- quantized serving: what a quantization method adds is SGLang's, not the checkpoint's ------
+
+
+def test_fp8_served_drafter_passes_the_parameter_table(sglang_env, drafter, tmp_path, target_dir):
+    """`--speculative-draft-model-quantization fp8` builds the drafter with SGLang's online
+    Fp8Config, whose attention adds k_scale / v_scale (defaults, `_skip_weight_check`). The
+    H200 run of 2026-12-03 died at startup on them ("not accounted for ...k_scale")."""
+    from sglang.srt.layers.quantization.fp8 import Fp8Config
+    from transformers import AutoConfig
+
+    from sglang_ext.cli.convert import convert
+    from sglang_ext.models.llama_eagle3 import LlamaForCausalLMEagle3
+
+    directory = tmp_path / "sglang"
+    convert(drafter("norms_off")[0], directory, target_dir)
+    config = AutoConfig.from_pretrained(str(directory))
+    model = LlamaForCausalLMEagle3(config, quant_config=Fp8Config())
+    scales = [n for n, p in model.named_parameters() if n.endswith(("k_scale", "v_scale"))]
+    assert scales  # the fp8 method did add them, so the check above saw them and let them be
+
+    tensors = load_file(str(directory / "model.safetensors"))
+    model.load_weights(tensors.items())  # the checkpoint loads in full, scales aside
+    assert not model.load_report.errors
+    (fc_name,) = [n for n in tensors if n.endswith("fc.weight")]
+    fc = dict(model.named_parameters())["model.fc.weight"]
+    assert torch.equal(fc, tensors[fc_name].to(fc.dtype))
+
+    plan = LoadPlan(load_drafter_spec(directory))
+    names = [n for n, _ in model.named_parameters()]
+    with pytest.raises(DrafterLoadError, match="k_scale"):
+        plan.check_model_parameters(names)  # a parameter without the mark is still refused

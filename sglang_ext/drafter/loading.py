@@ -319,6 +319,19 @@ class LoadPlan:
         self._seen: set[str] = set()
         return self
 
+    def check_model(self, model) -> None:
+        """check_model_parameters over the model's parameters, less those SGLang marks
+        ``_skip_weight_check``: what a quantization method adds with a default for when the
+        checkpoint lacks it (``quantization/kv_cache.py:BaseKVCacheMethod.create_weights``:
+        each attention's k_scale / v_scale under ``--speculative-draft-model-quantization
+        fp8``, which SGLang sets to 1.0 after loading; its own ``weight_checker`` skips them
+        alike). 2026-12-03: without this the plugin refused every fp8-served drafter."""
+        self.check_model_parameters(
+            name
+            for name, param in model.named_parameters()
+            if not getattr(param, "_skip_weight_check", False)
+        )
+
     def check_model_parameters(self, names: Iterable[str]) -> None:
         """Fail if the SGLang model has parameters this plan does not account for (or lacks
         ones it expects): a newer SGLang layout must not leave anything at random init."""

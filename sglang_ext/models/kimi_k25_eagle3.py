@@ -63,7 +63,7 @@ class Eagle3DeepseekV2ForCausalLM(upstream.Eagle3DeepseekV2ForCausalLM):
         self.model.__class__ = Eagle3MLAModel
         self.model.fusion = FusionPolicy.for_spec(spec)
         self.load_plan = LoadPlan(spec)
-        self.load_plan.check_model_parameters(name for name, _ in self.named_parameters())
+        self.load_plan.check_model(self)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         self.load_report = load_with_plan(self, self.load_plan, weights)

@@ -145,7 +145,7 @@ class LlamaForCausalLMEagle3(upstream.LlamaForCausalLMEagle3):
                 self._add_qk_norm(layer.self_attn, config.rms_norm_eps)
         self.served_window = self._serve_sliding_window(spec)
         self.load_plan = LoadPlan(spec)
-        self.load_plan.check_model_parameters(name for name, _ in self.named_parameters())
+        self.load_plan.check_model(self)
         logger.info(
             "sglang_ext: EAGLE-3 drafter %s (%s format, %d %s layer(s), norm_before_residual=%s, "
             "trained sliding_window=%s)",
