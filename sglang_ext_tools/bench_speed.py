@@ -516,11 +516,16 @@ def build_rows(
         entry = agg.get((name, b)) if name else None
         return entry["tok_s"] if entry else None
 
+    # a variant against the main drafter's server at its setting (same drafter, prompts and
+    # group): what the variant's switch alone changes, paired by prompt
+    main_at = {tuple(s["setting"]): s["name"] for s in specs if s["role"] == "spec"}
+
     rows = []
     for spec in specs:
         if spec["role"] == "nospec":
             continue
         steps, topk, draft = spec["setting"] or (None, None, None)
+        plain = main_at.get(tuple(spec["setting"])) if spec["role"] == "variant" else None
         pvs_pair = (
             (nbr["nbr_plugin"]["name"], nbr["nbr_stock"]["name"])
             if len(nbr) == 2 and tuple(spec["setting"]) == tuple(nbr["nbr_plugin"]["setting"])
@@ -538,6 +543,9 @@ def build_rows(
             second = agg.get((twin, b)) if pvs_pair and twin else None
             svs = _ratio(tok(twin, b), tok(pvs_pair[1], b)) if second else None
             svs_ci = speedup_interval(stock, second, b)[0] if second and stock else None
+            plain_run = agg.get((plain, b)) if plain else None
+            vs_plain = _ratio(tok(spec["name"], b), tok(plain, b)) if plain_run else None
+            vs_plain_ci = speedup_interval(plain_run, run, b)[0] if plain_run and run else None
             missing = [n for n, e in (("nospec", base), (spec["name"], run)) if e is None]
             per_round = []
             for r in sorted((run or {}).get("tok_s_rounds", {})):
@@ -585,6 +593,15 @@ def build_rows(
                     **(
                         {"stock_vs_stock": _r(svs), "stock_vs_stock_ci95": svs_ci}
                         if twin and pvs_pair
+                        else {}
+                    ),
+                    **(
+                        {
+                            "vs_setting_server": plain,
+                            "vs_setting": _r(vs_plain),
+                            "vs_setting_ci95": vs_plain_ci,
+                        }
+                        if plain
                         else {}
                     ),
                     "nospec_tpot_ms": _r(base.get("tpot_ms"), 3),
@@ -1512,8 +1529,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         back on every poll, so losing the machine mid-run loses at most one measurement."""
         try:
             result = assemble(
-                args, argv, specs, servers, measurements, profiles, date, started, None,
-                source, len(prompts), partial=partial,
+                args,
+                argv,
+                specs,
+                servers,
+                measurements,
+                profiles,
+                date,
+                started,
+                None,
+                source,
+                len(prompts),
+                partial=partial,
             )
             write_result(result, args)
         except Exception as exc:  # the run goes on; its final write still has everything
@@ -1554,7 +1581,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         stop_all(servers)
 
     result = assemble(
-        args, argv, specs, servers, measurements, profiles, date, started, aborted, source,
+        args,
+        argv,
+        specs,
+        servers,
+        measurements,
+        profiles,
+        date,
+        started,
+        aborted,
+        source,
         len(prompts),
     )
     out_json = write_result(result, args)

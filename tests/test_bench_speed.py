@@ -888,11 +888,32 @@ def test_no_overlap_server_runs_its_setting_with_the_overlap_scheduler_off(promp
     spec = next(s for s in args.specs if s["name"] == "spec-3-1-4-nooverlap")
     assert spec["setting"] == (3, 1, 4) and spec["role"] == "variant"
     ms = [m for m in _measurements() if m["server"] in ("nospec", "spec-3-1-4")]
-    ms += [{**m, "server": "spec-3-1-4-nooverlap"} for m in ms if m["server"] == "spec-3-1-4"]
+    # per-prompt latencies: the variant takes 1/0.8 .. 1/0.9 of the plain server's time
+    for m in ms:
+        m["latency_s"] = [1.0 + 0.1 * i for i in range(8)]
+    slower = [0.8, 0.9, 0.85, 0.82, 0.88, 0.84, 0.86, 0.81]
+    ms += [
+        {
+            **m,
+            "server": "spec-3-1-4-nooverlap",
+            "tok_s": m["tok_s"] * 0.85,
+            "latency_s": [t / f for t, f in zip(m["latency_s"], slower, strict=True)],
+        }
+        for m in ms
+        if m["server"] == "spec-3-1-4"
+    ]
     rows = bs.build_rows(bs.aggregate(ms), args.specs[:2] + [spec], [1])
     assert [(r["server"], r["overlap"]) for r in rows] == [
         ("spec-3-1-4", True), ("spec-3-1-4-nooverlap", False)
     ]
+    # the variant against the plain server at its setting; the plain row has no such key
+    assert "vs_setting" not in rows[0]
+    assert rows[1]["vs_setting_server"] == "spec-3-1-4"
+    assert rows[1]["vs_setting"] == pytest.approx(
+        rows[1]["spec_tok_s"] / rows[0]["spec_tok_s"], abs=1e-4
+    )
+    low, high = rows[1]["vs_setting_ci95"]
+    assert 0.8 <= low < high <= 0.9
     everywhere = bs.build_rows(bs.aggregate(ms), args.specs[:2], [1], server_args=[bs.NO_OVERLAP])
     assert [r["overlap"] for r in everywhere] == [False]
     best, _ = bs.best_and_goals(rows, None)
