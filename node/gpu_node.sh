@@ -44,6 +44,8 @@
 #   bash node/gpu_node.sh seed-shape-wait [SECS]
 #                                              watch; fixture manifest + results -> $OUT
 #   bash node/gpu_node.sh seed-shape-bench [args]
+#                                              a fused-MoE config tuned for the target
+#                                              (tune_moe; SEED_MOE_TUNE=0: SGLang's default),
 #                                              bench_speed on the wide pair -> $OUT (chain
 #                                              3/1/4, 5/1/6, the seed's tree 3/4/5, and
 #                                              plugin vs stock on the converted drafter;
@@ -382,6 +384,19 @@ seed-shape-bench)
             --batch1-requests 16 --at-once 4 --mem-fraction 0.9 --max-total-tokens 16384 \
             --startup-timeout 300 "$@"
     }
+    # SGLang ships no fused-MoE kernel config for this shape: every server of 2026-12-03 logged
+    # "Using default MoE kernel config ... E=32,N=256,device_name=NVIDIA_H200". Tune one on
+    # this GPU first (nothing else runs on it now) and serve every server with it, the
+    # baseline too, as that warning asks a user to do; SEED_MOE_TUNE=0 keeps the default.
+    if [ "${SEED_MOE_TUNE:-1}" = 1 ]; then
+        rm -rf "$SEED/moe-configs"
+        if python3 -m sglang_ext_tools.tune_moe --model "$MLA/wide-target" \
+            --out "$SEED/moe-configs" --json "$OUT/tune-moe.json" --quick \
+            --tokens 1 2 4 5 6 8 16 32 --time-limit "${SEED_MOE_TUNE_S:-150}" \
+            >"$OUT/tune-moe.log" 2>&1; then
+            export SGLANG_MOE_CONFIG_DIR=$SEED/moe-configs
+        fi
+    fi
     wide "${pair[@]}" --batches 1 --rounds 2 --fixtures-json "$MLA/mla-fixtures.json" \
         --acceptance-dir "$LOGS/acceptance" --log-dir "$LOGS" --out-json "$OUT/seed-shape.json" \
         --out-png "$OUT/seed-shape.png" "$@" 2>&1 | tee "$OUT/bench.log"
@@ -438,7 +453,7 @@ seed-shape-wait)
     # which holds them, exists. The PNG stays behind: `bench_speed`'s write_png redraws it.
     cp "$SEED"/result/seed-shape.json "$SEED"/result/seed-shape-probe.json \
         "$SEED"/result/advisor.json "$SEED"/result/wide-target-config.json \
-        "$SEED"/result/convert.log "$OUT"/ 2>/dev/null || true
+        "$SEED"/result/convert.log "$SEED"/result/tune-moe.json "$OUT"/ 2>/dev/null || true
     if [ -f "$SEED/result/server-logs.tgz" ]; then
         cp "$SEED/result/server-logs.tgz" "$OUT"/
     elif [ -d "$LOGS/acceptance" ]; then

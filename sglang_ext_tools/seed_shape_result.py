@@ -74,6 +74,36 @@ def overlap_finding(overlap_probe: dict | None, path: str | None) -> dict[str, A
     }
 
 
+def moe_tuning(report: dict | None, rows: list[dict]) -> dict[str, Any] | None:
+    """What the served fused-MoE config (tune_moe) saves per forward, in ms, at decode (1
+    token) and at each batch-1 row's verify size (its draft tokens), from the tuner's kernel
+    times: the prediction the served cycle is held against."""
+    if report is None:
+        return None
+    tokens = report["tokens"]
+
+    def saving(m: int) -> float | None:
+        entry = tokens.get(str(m))
+        return entry.get("saving_ms_per_forward") if entry else None
+
+    verify = {
+        f"{r['steps']}/{r['topk']}/{r['draft_tokens']}": saving(r["draft_tokens"])
+        for r in rows
+        if r.get("batch") == 1 and r.get("draft_tokens")
+    }
+    return {
+        "config_file": Path(report["config_file"]).name,
+        "shape": report["shape"],
+        "wall_s": report.get("wall_s"),
+        "saving_ms_decode": saving(1),
+        "saving_ms_verify": verify,
+        "kernel_us": {
+            m: {"default": round(e["default_ms"] * 1e3, 1), "tuned": round(e["best_ms"] * 1e3, 1)}
+            for m, e in tokens.items()
+        },
+    }
+
+
 def build(
     bench: dict,
     probe: dict,
@@ -82,6 +112,7 @@ def build(
     records: list[dict],
     paths: dict,
     overlap_probe: dict | None = None,
+    tune_moe_report: dict | None = None,
 ) -> dict[str, Any]:
     trained = tune.bench_rows(bench, paths["bench"])
     costs = tune.read_cost_file(probe, paths["probe"])
@@ -135,6 +166,11 @@ def build(
         },
         "drafter": widen["wide_drafter"]["shape"],
         "rows": bench["rows"],
+        **(
+            {"moe_tuning": moe_tuning(tune_moe_report, bench["rows"])}
+            if tune_moe_report is not None
+            else {}
+        ),
         "probe_rows": probe["rows"],
         "function_check": {**widen["function_check"], "reference_tau": widen["reference_tau"]},
         "cycle_split": split,
@@ -198,6 +234,9 @@ def main(argv=None) -> int:
         type=Path,
         help="bench_speed result with the 3/4/5 row overlap on and off (--no-overlap-at 3,4,5)",
     )
+    p.add_argument(
+        "--tune-moe", type=Path, help="tune_moe's report: the fused-MoE config the servers ran"
+    )
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     if args.out.exists():
@@ -211,6 +250,7 @@ def main(argv=None) -> int:
         "target_config": args.target_config.name,
         "acceptance": [a.name for a in args.acceptance],
         **({"overlap_probe": args.overlap_probe.name} if args.overlap_probe else {}),
+        **({"tune_moe": args.tune_moe.name} if args.tune_moe else {}),
     }
     result = build(
         load(args.bench),
@@ -220,6 +260,7 @@ def main(argv=None) -> int:
         tune.read_records(args.acceptance),
         paths,
         load(args.overlap_probe) if args.overlap_probe else None,
+        load(args.tune_moe) if args.tune_moe else None,
     )
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({"advisor": result["advisor"]["check"], "goals": result["goals"]}, indent=1))

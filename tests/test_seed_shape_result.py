@@ -97,3 +97,40 @@ def test_a_probe_on_the_trained_target_gets_no_modelled_fanout(tmp_path):
     assert chain["fanout_predicted"] is None
     predicted = built["advisor"]["predicted"]["3/1/4"]
     assert predicted["cycle_cost"] == predicted["probe_cost"] == 1.093
+
+
+def test_the_tuned_moe_config_and_its_predicted_saving_are_recorded(tmp_path):
+    """seed-shape-bench serves every server with tune_moe's config; the result carries the
+    tuner's kernel times and the saving per forward at decode and at each row's verify size."""
+
+    def entry(default_ms, best_ms):
+        return {"default_ms": default_ms, "best_ms": best_ms,
+                "saving_ms_per_forward": round((default_ms - best_ms) * 60, 4)}  # fmt: skip
+
+    report = {
+        "config_file": "/tmp/seed/moe-configs/configs/triton_3_8_0/"
+        "E=32,N=256,device_name=NVIDIA_H200.json",
+        "shape": {"experts": 32, "intermediate": 256, "hidden": 7168, "topk": 8, "layers": 60},
+        "wall_s": 140.2,
+        "tokens": {
+            "1": entry(0.05, 0.03),
+            "4": entry(0.12, 0.07),
+            "5": entry(0.13, 0.08),
+            "6": entry(0.14, 0.085),
+        },  # fmt: skip
+    }
+    path = tmp_path / "tune-moe.json"
+    path.write_text(json.dumps(report))
+    out = tmp_path / "result.json"
+    argv = args(tmp_path, out, RUN_1203, "2026-12-03", "spec-*.jsonl") + ["--tune-moe", str(path)]
+    assert ssr.main(argv) == 0
+    built = json.loads(out.read_text())
+    tuning = built["moe_tuning"]
+    assert tuning["config_file"] == "E=32,N=256,device_name=NVIDIA_H200.json"
+    assert tuning["saving_ms_decode"] == 1.2
+    assert tuning["saving_ms_verify"] == {"3/1/4": 3.0, "5/1/6": 3.3, "3/4/5": 3.0}
+    assert tuning["kernel_us"]["4"] == {"default": 120.0, "tuned": 70.0}
+    assert built["sources"]["tune_moe"] == "tune-moe.json"
+    plain = tmp_path / "plain.json"
+    assert ssr.main(args(tmp_path, plain, RUN_1203, "2026-12-03", "spec-*.jsonl")) == 0
+    assert "moe_tuning" not in json.loads(plain.read_text())
