@@ -204,16 +204,36 @@ def tune(shape: MoeShape, tokens, configs, reps: int, graph_calls: int, time_lim
 
         return _timer(fn, reps, graph_calls)
 
+    results = search(
+        tokens,
+        configs,
+        timed_ms,
+        lambda m: get_default_config(m, e, n, k, shape.topk, None, False, None),
+        time_limit,
+    )
+    for m, r in results.items():
+        print(
+            f"M={m}: default {r['default_ms'] * 1e3:.1f} us, best {r['best_ms'] * 1e3:.1f} us "
+            f"({r['configs_timed']} configs)",
+            flush=True,
+        )
+    return results
+
+
+def search(tokens, configs, timed_ms, default_for, time_limit: float, clock=time.monotonic):
+    """The fastest config per token count: ``timed_ms(config, m)`` for SGLang's default at
+    each count, then each candidate, configs outside and counts inside, so a time limit cuts
+    every count's search alike. A candidate the kernel refuses (``timed_ms`` raises: too much
+    shared memory, a block shape it cannot compile) is skipped; the default never is."""
     results = {}
     for m in tokens:
-        default = get_default_config(m, e, n, k, shape.topk, None, False, None)
+        default = default_for(m)
         ms = timed_ms(default, m)
         results[m] = {"default": default, "default_ms": ms, "best": dict(default), "best_ms": ms}
         results[m]["configs_timed"] = 0
-    # configs outside, token counts inside: a time limit cuts every count's search alike
-    deadline = time.monotonic() + time_limit
+    deadline = clock() + time_limit
     for cfg in configs:
-        if time.monotonic() > deadline:
+        if clock() > deadline:
             break
         for m in tokens:
             try:
@@ -224,13 +244,8 @@ def tune(shape: MoeShape, tokens, configs, reps: int, graph_calls: int, time_lim
             r["configs_timed"] += 1
             if ms < r["best_ms"]:
                 r["best"], r["best_ms"] = dict(cfg), ms
-    for m, r in results.items():
+    for r in results.values():
         r["default_ms"], r["best_ms"] = round(r["default_ms"], 5), round(r["best_ms"], 5)
-        print(
-            f"M={m}: default {r['default_ms'] * 1e3:.1f} us, best {r['best_ms'] * 1e3:.1f} us "
-            f"({r['configs_timed']} configs)",
-            flush=True,
-        )
     return results
 
 

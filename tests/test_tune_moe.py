@@ -110,3 +110,36 @@ def test_reads_the_shape_from_the_model_directory(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(KIMI_RANK))
     args = tune_moe.parse_args(["--model", str(tmp_path), "--out", str(tmp_path / "o")])
     assert tune_moe.shape_from_args(args).layers == 60
+
+
+def test_search_keeps_the_fastest_per_count_skips_refused_configs_and_stops_in_time():
+    default = {"BLOCK_SIZE_M": 16, "name": "default"}
+    fast_small = {"BLOCK_SIZE_M": 16, "name": "fast_small"}
+    refused = {"BLOCK_SIZE_M": 64, "name": "refused"}
+    fast_large = {"BLOCK_SIZE_M": 32, "name": "fast_large"}
+    late = {"BLOCK_SIZE_M": 32, "name": "late"}
+    cost = {  # ms per (config, token count)
+        ("default", 1): 0.05, ("default", 8): 0.12,
+        ("fast_small", 1): 0.03, ("fast_small", 8): 0.13,
+        ("fast_large", 1): 0.06, ("fast_large", 8): 0.07,
+        ("late", 1): 0.001, ("late", 8): 0.001,
+    }  # fmt: skip
+    ticks = iter(range(100))
+
+    def timed_ms(cfg, m):
+        if cfg["name"] == "refused":
+            raise RuntimeError("out of shared memory")
+        return cost[cfg["name"], m]
+
+    results = tune_moe.search(
+        [1, 8],
+        [fast_small, refused, fast_large, late],
+        timed_ms,
+        lambda m: default,
+        time_limit=3.5,
+        clock=lambda: next(ticks),  # one tick a config: the limit leaves out the fourth
+    )
+    assert results[1]["best"]["name"] == "fast_small" and results[1]["best_ms"] == 0.03
+    assert results[8]["best"]["name"] == "fast_large" and results[8]["default_ms"] == 0.12
+    assert results[1]["configs_timed"] == results[8]["configs_timed"] == 2
+    assert results[8]["best"] is not fast_large  # a copy: the table never aliases a candidate
