@@ -1524,25 +1524,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     brought_up: set[str] = set()
 
+    def snapshot(aborted: str | None, partial: str | None = None) -> dict[str, Any]:
+        return assemble(
+            args, argv, specs, servers, measurements, profiles, date, started, aborted,
+            source, len(prompts), partial=partial,
+        )  # fmt: skip
+
     def checkpoint(partial: str) -> None:
         """The result so far, on disk after each measurement: the node's watcher copies it
         back on every poll, so losing the machine mid-run loses at most one measurement."""
         try:
-            result = assemble(
-                args,
-                argv,
-                specs,
-                servers,
-                measurements,
-                profiles,
-                date,
-                started,
-                None,
-                source,
-                len(prompts),
-                partial=partial,
-            )
-            write_result(result, args)
+            write_result(snapshot(None, partial), args)
         except Exception as exc:  # the run goes on; its final write still has everything
             print(f"warning: partial result not written: {exc!r}", file=sys.stderr)
 
@@ -1580,19 +1572,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         stop_all(servers)
 
-    result = assemble(
-        args,
-        argv,
-        specs,
-        servers,
-        measurements,
-        profiles,
-        date,
-        started,
-        aborted,
-        source,
-        len(prompts),
-    )
+    result = snapshot(aborted)
     out_json = write_result(result, args)
     print(format_table(result["rows"]))
     best = result["best"] or {}

@@ -655,6 +655,9 @@ def test_committed_speed_results_are_self_consistent(path):
 
     for row in data["rows"]:
         assert ROW_KEYS <= set(row)
+        if row.get("status", "ok") != "ok":  # a server that never measured (a run cut short)
+            assert row["speedup"] is None and row["spec_tok_s"] is None and row["tau"] is None
+            continue
         assert row["speedup"] == pytest.approx(row["spec_tok_s"] / row["nospec_tok_s"], rel=1e-3)
         assert row["eta"] == pytest.approx(row["speedup"] / row["tau"], rel=1e-3)
         again = recomputed(row.get("group", 0))
