@@ -259,7 +259,7 @@ def parse_args(argv):
     p.add_argument("--topk", type=int)
     p.add_argument("--layers", type=int, default=1)
     p.add_argument("--tokens", type=int, nargs="+", default=list(DEFAULT_TOKENS))
-    p.add_argument("--quick", action="store_true", help="a smaller search (~36 configs)")
+    p.add_argument("--quick", action="store_true", help="a smaller search (33 configs against 224)")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--graph-calls", type=int, default=10)
     p.add_argument("--time-limit", type=float, default=300.0, help="search seconds, all counts")
