@@ -20,6 +20,13 @@
 #   bash node/gpu_node.sh speed-wait [SECS]    watch; fixture manifest + results -> $OUT
 #   bash node/gpu_node.sh speed-bench [args]   python -m sglang_ext_tools.bench_speed -> $OUT
 #                                              (fixtures ready)
+#   bash node/gpu_node.sh speed-pack [FIRST]   the trained small fixtures -> $OUT, three 16 MB
+#                                              parts a call (FIRST 0, 3, 6, ...); here they go
+#                                              to .ferry/speed-fixtures.tar/, and ferry-recv
+#                                              before the next speed-one-start carries them:
+#                                              that run only widens them (fixtures.cache)
+#   bash node/gpu_node.sh speed-unpack         that step of speed-pipeline: the carried
+#                                              bundle into /tmp/speed, widened
 #
 # The speed benchmark on SGLang 0.5.23 (one nvidia-h200, the ferried wheel set):
 #   bash node/gpu_node.sh speed-one-start [bench args]
@@ -277,7 +284,13 @@ speed-pipeline)
     cd /tmp/repo
     run() { PYTHONPATH="$TRAIN_SITE" python3 -m sglang_ext_tools.fixtures.make_speed_fixtures --out "$SPEED" "$@"; }
     ok=0
-    if run --stage base; then
+    # A bundle of an earlier session's trained small models (`speed-pack`), carried by
+    # ferry-recv before speed-one-start: only the widen stages run (~80 s instead of ~420 s),
+    # and the drafters are the same as that session's (fixtures.cache)
+    if [ -f /tmp/ferry/speed-fixtures.tar/manifest.json ] && bash node/gpu_node.sh speed-unpack
+    then
+        ok=1
+    elif run --stage base; then
         run --stage widen-target >"$SPEED/widen-target.log" 2>&1 &
         p0=$!
         run --stage drafter --nbr true >"$SPEED/drafter-true.log" 2>&1 &
@@ -501,6 +514,39 @@ speed-wait)
         "$OUT"/ 2>/dev/null || true
     nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
     [ -f "$SPEED/DONE" ]
+    ;;
+speed-pack)
+    # The trained small speed fixtures back to this machine for the next session, three
+    # 16 MB parts a call (FIRST: the first part's number; 0, 3, 6, ...): put them in
+    # .ferry/speed-fixtures.tar/ here, then ferry-recv them before speed-one-start
+    first=${1:-0} pack=/tmp/speed-pack
+    if [ ! -f "$pack/parts/speed-fixtures.tar/manifest.json" ]; then
+        rm -rf "$pack" && mkdir -p "$pack/src"
+        PYTHONPATH="$TRAIN_SITE" python3 -m sglang_ext_tools.fixtures.cache pack "$SPEED" \
+            "$pack/src/speed-fixtures.tar"
+        python3 node/ferry.py split "$pack/src/speed-fixtures.tar" --out "$pack/parts" \
+            --part-bytes 16000000
+    fi
+    cp "$pack/parts/speed-fixtures.tar/manifest.json" "$OUT"/
+    for k in $(seq "$first" $((first + 2))); do
+        part=$(printf '%s/parts/speed-fixtures.tar/part-%02d' "$pack" "$k")
+        if [ -f "$part" ]; then cp "$part" "$OUT"/; fi
+    done
+    ls "$OUT"
+    ;;
+speed-unpack)
+    # The carried bundle (/tmp/ferry/speed-fixtures.tar, see speed-pack) into $SPEED, then
+    # the widen stages on it; speed-pipeline runs it when the bundle is there
+    bundle=/tmp/ferry/speed-fixtures.tar/manifest.json
+    python3 node/ferry.py status "$bundle"
+    python3 node/ferry.py join "$bundle" --out /tmp/speed-cache
+    PYTHONPATH="$TRAIN_SITE" python3 -m sglang_ext_tools.fixtures.cache unpack \
+        /tmp/speed-cache/speed-fixtures.tar "$SPEED"
+    echo "fixtures: the carried bundle's trained small models, widened again"
+    for stage in widen-target widen-drafters; do
+        PYTHONPATH="$TRAIN_SITE" python3 -m sglang_ext_tools.fixtures.make_speed_fixtures \
+            --out "$SPEED" --stage "$stage" ${SPEED_SCALE:+--scale "$SPEED_SCALE"}
+    done
     ;;
 speed-bench)
     mkdir -p "$OUT"

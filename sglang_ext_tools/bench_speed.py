@@ -768,7 +768,15 @@ def summarize_fixtures(manifest: Mapping[str, Any], path: str | None = None) -> 
     """A compact copy of a fixtures manifest: make_fixtures.py's (targets/drafters) or
     make_speed_fixtures.py's (one report per stage)."""
     out: dict[str, Any] = {"path": path}
-    for key in ("schema_version", "scale", "device", "device_name", "seed", "total_wall_s"):
+    for key in (
+        "schema_version",
+        "scale",
+        "device",
+        "device_name",
+        "seed",
+        "total_wall_s",
+        "cache",
+    ):
         if key in manifest:
             out[key] = manifest[key]
     if "stages" in manifest:

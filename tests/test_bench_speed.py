@@ -630,6 +630,9 @@ def test_speed_fixture_manifest_is_summarized_per_stage():
     }
     out = bs.summarize_fixtures(manifest, "m.json")
     assert out["path"] == "m.json"
+    assert "cache" not in out
+    carried = {**manifest, "cache": {"packed": "2026-12-03T08:00:00+00:00"}}
+    assert bs.summarize_fixtures(carried)["cache"] == carried["cache"]  # said in the result
     assert out["stages"]["widen-target"]["function_check"]["big_vs_small"] == {
         "top1_agreement": 0.98
     }

@@ -242,3 +242,43 @@ def test_distill_split_files_leave_the_targets_training():
         module.set_aside_distill_files(corpus, "heldout")
     with pytest.raises(ValueError, match="no training file"):
         module.set_aside_distill_files(Corpus("/r", files[:0], [], 0), "split")
+
+
+def test_a_cached_bundle_widens_again_to_the_same_models(speed_fixtures, tmp_path):
+    """fixtures.cache: the trained small models packed on one node session and unpacked on
+    the next widen to the same big target and drafters, and the merged manifest keeps the
+    cached stages' own records."""
+    from safetensors.torch import load_file
+
+    from sglang_ext_tools.fixtures import cache
+
+    module = importlib.import_module("sglang_ext_tools.fixtures.make_speed_fixtures")
+    out, stages = speed_fixtures
+    bundle = tmp_path / "speed-fixtures.tar"
+    record = cache.pack(out, bundle)
+    assert set(record["stages_created_unix"]) == set(cache.FILES) - {"prompts.jsonl"}
+    with pytest.raises(cache.CacheError, match="never overwritten"):
+        cache.pack(out, bundle)
+
+    again = tmp_path / "again"
+    again.mkdir()
+    (again / "pipeline.log").write_text("kept\n")
+    assert cache.unpack(bundle, again) == record
+    assert (again / "pipeline.log").read_text() == "kept\n"
+    assert set(torch.load(again / "streams.pt", weights_only=True)) == {"heldout"}
+    for stage in ("widen-target", "widen-drafters"):
+        argv = ["--stage", stage, "--scale", "tiny", "--device", "cpu", "--out", str(again)]
+        assert module.main(argv) == 0
+    manifest = json.loads((again / "speed-fixtures.json").read_text())
+    assert manifest["cache"] == record  # the manifest says the small models were carried
+    merged = manifest["stages"]
+    assert merged["drafter-nbr-true"] == stages["drafter-nbr-true"]  # the cached record
+    for name in ("target-8b", "drafter-8b-nbr-true", "drafter-8b-nbr-false-sglang"):
+        for first in sorted((out / name).glob("*.safetensors")):
+            a, b = load_file(str(first)), load_file(str(again / name / first.name))
+            assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+
+    with pytest.raises(cache.CacheError, match="already has"):
+        cache.unpack(bundle, again)
+    with pytest.raises(cache.CacheError, match="missing"):
+        cache.pack(tmp_path / "empty", tmp_path / "x.tar")
