@@ -195,6 +195,12 @@ train_site() {
         .wh/s1/*.whl
 }
 
+# make_speed_fixtures on the training site, into $SPEED (speed-pipeline, speed-unpack)
+speed_fixtures() {
+    PYTHONPATH="$TRAIN_SITE" python3 -m sglang_ext_tools.fixtures.make_speed_fixtures \
+        --out "$SPEED" "$@"
+}
+
 # A bench's time limit: what the lease has left (one-install's DEADLINE, from its LEFT_S) less
 # 90 s for the last poll and RESERVE seconds for what runs after it, capped by SET where the
 # variable is set; without a deadline SET, else DEFAULT.
@@ -282,7 +288,6 @@ speed-pipeline)
     # FAILED. Runs detached, so no idle gap between device calls can lose it: `speed-wait`
     # only watches.
     cd /tmp/repo
-    run() { PYTHONPATH="$TRAIN_SITE" python3 -m sglang_ext_tools.fixtures.make_speed_fixtures --out "$SPEED" "$@"; }
     ok=0
     # A bundle of an earlier session's trained small models (`speed-pack`), carried by
     # ferry-recv before speed-one-start: only the widen stages run (~80 s instead of ~420 s),
@@ -290,14 +295,14 @@ speed-pipeline)
     if [ -f /tmp/ferry/speed-fixtures.tar/manifest.json ] && bash node/gpu_node.sh speed-unpack
     then
         ok=1
-    elif run --stage base; then
-        run --stage widen-target >"$SPEED/widen-target.log" 2>&1 &
+    elif speed_fixtures --stage base; then
+        speed_fixtures --stage widen-target >"$SPEED/widen-target.log" 2>&1 &
         p0=$!
-        run --stage drafter --nbr true >"$SPEED/drafter-true.log" 2>&1 &
+        speed_fixtures --stage drafter --nbr true >"$SPEED/drafter-true.log" 2>&1 &
         p1=$!
-        run --stage drafter --nbr false >"$SPEED/drafter-false.log" 2>&1 &
+        speed_fixtures --stage drafter --nbr false >"$SPEED/drafter-false.log" 2>&1 &
         p2=$!
-        if wait "$p0" && wait "$p1" && wait "$p2" && run --stage widen-drafters; then
+        if wait "$p0" && wait "$p1" && wait "$p2" && speed_fixtures --stage widen-drafters; then
             ok=1
         fi
     fi
@@ -544,8 +549,7 @@ speed-unpack)
         /tmp/speed-cache/speed-fixtures.tar "$SPEED"
     echo "fixtures: the carried bundle's trained small models, widened again"
     for stage in widen-target widen-drafters; do
-        PYTHONPATH="$TRAIN_SITE" python3 -m sglang_ext_tools.fixtures.make_speed_fixtures \
-            --out "$SPEED" --stage "$stage" ${SPEED_SCALE:+--scale "$SPEED_SCALE"}
+        speed_fixtures --stage "$stage" ${SPEED_SCALE:+--scale "$SPEED_SCALE"}
     done
     ;;
 speed-bench)

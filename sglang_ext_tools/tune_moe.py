@@ -129,6 +129,16 @@ def check_out_dir(out: Path) -> None:
         raise ValueError(f"{out}: exists and is not an empty directory; give a new one")
 
 
+def default_config_for(shape: MoeShape):
+    """M -> the config SGLang runs at M tokens for this shape when it finds no file."""
+    from sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe_triton_config import (
+        get_default_config,
+    )
+
+    e, n, k, topk = shape.experts, shape.intermediate, shape.hidden, shape.topk
+    return lambda m: get_default_config(m, e, n, k, topk, None, False, None)
+
+
 def sglang_context():
     """SGLang 0.5.23's config lookups read the published server config (``get_exec()``);
     outside a server, publish its dummy one for the time of the call."""
@@ -176,9 +186,6 @@ def tune(shape: MoeShape, tokens, configs, reps: int, graph_calls: int, time_lim
     from sglang.srt.layers.moe.moe_runner.base import MoeRunnerConfig
     from sglang.srt.layers.moe.moe_runner.triton_utils import override_config
     from sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe import fused_experts
-    from sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe_triton_config import (
-        get_default_config,
-    )
     from sglang.srt.layers.moe.topk import StandardTopKOutput
 
     torch.manual_seed(0)
@@ -204,13 +211,7 @@ def tune(shape: MoeShape, tokens, configs, reps: int, graph_calls: int, time_lim
 
         return _timer(fn, reps, graph_calls)
 
-    results = search(
-        tokens,
-        configs,
-        timed_ms,
-        lambda m: get_default_config(m, e, n, k, shape.topk, None, False, None),
-        time_limit,
-    )
+    results = search(tokens, configs, timed_ms, default_config_for(shape), time_limit)
     for m, r in results.items():
         print(
             f"M={m}: default {r['default_ms'] * 1e3:.1f} us, best {r['best_ms'] * 1e3:.1f} us "
@@ -292,14 +293,12 @@ def main(argv=None) -> int:
     import triton
     from sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe_triton_config import (
         get_config_file_name,
-        get_default_config,
     )
 
     if not torch.cuda.is_available():
         print("error: tune_moe times kernels on a GPU; none is visible", file=sys.stderr)
         return 2
     started = time.time()
-    e, n, k, topk = shape.experts, shape.intermediate, shape.hidden, shape.topk
     with sglang_context():
         results = tune(
             shape,
@@ -309,11 +308,10 @@ def main(argv=None) -> int:
             args.graph_calls,
             args.time_limit,
         )
-        table = config_table(
-            {m: r["best"] for m, r in results.items()},
-            lambda m: get_default_config(m, e, n, k, topk, None, False, None),
-        )
-    path = config_path(out, triton.__version__, get_config_file_name(e, n, None))
+        table = config_table({m: r["best"] for m, r in results.items()}, default_config_for(shape))
+    path = config_path(
+        out, triton.__version__, get_config_file_name(shape.experts, shape.intermediate, None)
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(table, indent=2) + "\n")
     print(f"wrote {path}; serve with SGLANG_MOE_CONFIG_DIR={out}")
