@@ -328,6 +328,110 @@ def test_marker_pairs_cancel_exactly_in_bf16(mla_fixtures, mla_script):
     assert found["worst"]["trace"] == found["worst"]["either_side"] == 0.0, found
 
 
+# Every folder deepen and widen write that holds weights.
+BUILT_MODELS = (
+    "deep-target",
+    "deep-drafter",
+    "deep-drafter-plus1",
+    "deep-drafter-minus1",
+    "seed-drafter",
+    "seed-nocapture-drafter",
+    "wide-target",
+    "wide-drafter",
+)
+
+
+def test_a_cached_bundle_deepens_and_widens_again_to_the_same_models(
+    mla_fixtures, mla_script, tmp_path
+):
+    """fixtures.cache, kind mla: the trained small target and drafter packed on one node
+    session and unpacked on the next give, through deepen and widen alone (seed-unpack), the
+    same deep, shifted, seed and wide models bit for bit; the merged manifest keeps the
+    cached stages' own records and says they came from a bundle."""
+    from safetensors.torch import load_file
+
+    from sglang_ext_tools.fixtures import cache
+
+    out, stages = mla_fixtures
+    original = tmp_path / "original"  # widen as the pipeline runs it (other tests widen `out`)
+    shutil.copytree(out, original, ignore=shutil.ignore_patterns("wide-*"))
+    tiny = ["--scale", "tiny", "--device", "cpu"]
+    widen_argv = ["--stage", "widen", *tiny, "--no-wide-tau"]
+    assert mla_script.main([*widen_argv, "--out", str(original)]) == 0
+
+    bundle = tmp_path / "mla-fixtures.tar"
+    record = cache.pack(out, bundle, "mla")
+    assert record["kind"] == "mla"
+    assert set(record["stages_created_unix"]) == {"stage-base.json", "stage-drafter.json"}
+    again = tmp_path / "again"
+    assert cache.unpack(bundle, again, "mla") == record
+    assert not (again / "distill.pt").exists() and not (again / "deep-target").exists()
+    assert set(torch.load(again / "streams.pt", weights_only=True)) == {"heldout"}
+    for stage in (["--stage", "deepen", *tiny], widen_argv):
+        assert mla_script.main([*stage, "--out", str(again)]) == 0
+    manifest = json.loads((again / "mla-fixtures.json").read_text())
+    assert manifest["cache"] == record  # the manifest says the small models were carried
+    merged = manifest["stages"]
+    assert set(merged) == {"base", "drafter", "deepen", "widen"}
+    assert merged["base"] == stages["base"] and merged["drafter"] == stages["drafter"]
+    for name in BUILT_MODELS:
+        files = sorted(p.name for p in (original / name).glob("*.safetensors"))
+        assert files and files == sorted(p.name for p in (again / name).glob("*.safetensors"))
+        for file in files:
+            a, b = load_file(str(original / name / file)), load_file(str(again / name / file))
+            assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+
+    with pytest.raises(cache.CacheError, match="already has"):
+        cache.unpack(bundle, again)
+    with pytest.raises(cache.CacheError, match=r"a 'mla' bundle \(cache.json\), expected 'speed'"):
+        cache.unpack(bundle, tmp_path / "speed", "speed")
+    with pytest.raises(cache.CacheError, match="never overwritten"):
+        cache.pack(out, bundle, "mla")
+
+
+def test_a_bundle_that_lacks_what_the_later_stages_read_is_refused(mla_fixtures, tmp_path):
+    """Each refusal names the missing file; nothing is written where it was refused."""
+    import tarfile
+
+    from sglang_ext_tools.fixtures import cache
+
+    out, _ = mla_fixtures
+    partial = tmp_path / "partial"
+    shutil.copytree(out / "small-target", partial / "small-target")
+    with pytest.raises(cache.CacheError, match=r"trained mla-fixture folder .*'small-drafter'"):
+        cache.pack(partial, tmp_path / "partial.tar", "mla")
+    assert not (tmp_path / "partial.tar").exists()
+    with pytest.raises(cache.CacheError, match="'small-drafter-nbr-true'"):
+        cache.pack(out, tmp_path / "speed.tar", "speed")  # an mla folder is no speed one
+    with pytest.raises(cache.CacheError, match="bundle kind 'dsv3'"):
+        cache.pack(out, tmp_path / "dsv3.tar", "dsv3")
+
+    def bundle(name: str, record: dict | None, with_streams: bool) -> Path:
+        path = tmp_path / name
+        with tarfile.open(path, "w") as tar:
+            for member in ("small-target", "small-drafter", *cache.KINDS["mla"].files):
+                tar.add(out / member, arcname=member)
+            if with_streams:
+                tar.add(out / "streams.pt", arcname="streams.pt")
+            if record is not None:
+                (tmp_path / "cache.json").write_text(json.dumps(record))
+                tar.add(tmp_path / "cache.json", arcname="cache.json")
+        return path
+
+    dst = tmp_path / "dst"
+    missing_streams = r"complete mla-fixture bundle, missing \['streams.pt'\]"
+    with pytest.raises(cache.CacheError, match=missing_streams):
+        cache.unpack(bundle("no-streams.tar", {"kind": "mla"}, False), dst)
+    with pytest.raises(cache.CacheError, match="no cache.json"):
+        cache.unpack(bundle("no-record.tar", None, True), dst)
+    with pytest.raises(cache.CacheError, match="bundle kind 'dsv3'"):
+        cache.unpack(bundle("unknown.tar", {"kind": "dsv3"}, True), dst)
+    # a record without a kind: packed before kinds were recorded, so a speed bundle
+    with pytest.raises(cache.CacheError, match="speed-fixture bundle, missing"):
+        cache.unpack(bundle("old.tar", {"packed": "2026-12-03"}, True), dst)
+    assert not dst.exists()
+
+
 @pytest.fixture(scope="module")
 def trained_mla(mla_script, tmp_path_factory):
     out = tmp_path_factory.mktemp("mla-cpu")

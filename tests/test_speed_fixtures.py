@@ -256,7 +256,9 @@ def test_a_cached_bundle_widens_again_to_the_same_models(speed_fixtures, tmp_pat
     out, stages = speed_fixtures
     bundle = tmp_path / "speed-fixtures.tar"
     record = cache.pack(out, bundle)
-    assert set(record["stages_created_unix"]) == set(cache.FILES) - {"prompts.jsonl"}
+    assert record["kind"] == "speed"
+    speed_files = cache.KINDS["speed"].files
+    assert set(record["stages_created_unix"]) == set(speed_files) - {"prompts.jsonl"}
     with pytest.raises(cache.CacheError, match="never overwritten"):
         cache.pack(out, bundle)
 
