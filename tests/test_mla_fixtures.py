@@ -405,6 +405,13 @@ def test_a_bundle_that_lacks_what_the_later_stages_read_is_refused(mla_fixtures,
         cache.pack(out, tmp_path / "speed.tar", "speed")  # an mla folder is no speed one
     with pytest.raises(cache.CacheError, match="bundle kind 'dsv3'"):
         cache.pack(out, tmp_path / "dsv3.tar", "dsv3")
+    shutil.copytree(out / "small-drafter", partial / "small-drafter")
+    for name in cache.KINDS["mla"].files:
+        shutil.copy(out / name, partial / name)
+    torch.save({"train": torch.zeros(4, dtype=torch.int32)}, partial / "streams.pt")
+    with pytest.raises(cache.CacheError, match=r"streams.pt: no 'heldout' entry"):
+        cache.pack(partial, tmp_path / "partial.tar", "mla")  # fails half-way through the tar
+    assert sorted(p.name for p in tmp_path.glob("partial.tar*")) == []
 
     def bundle(name: str, record: dict | None, with_streams: bool) -> Path:
         path = tmp_path / name
