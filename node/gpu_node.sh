@@ -44,9 +44,10 @@
 # The seed's shape (one TP8 rank of Kimi-K2.5, trained MLA + MoE widened to hidden 7168) on
 # SGLang 0.5.23, one nvidia-h200:
 #   bash node/gpu_node.sh seed-shape-start [bench args]
-#                                              carry .wh/s1: make_mla_fixtures all + widen,
-#                                              then (after one-install) bench_speed on the
-#                                              wide pair, detached
+#                                              carry .wh/s1: make_mla_fixtures all + widen
+#                                              (deepen + widen with a carried seed-pack
+#                                              bundle), then (after one-install) bench_speed
+#                                              on the wide pair, detached
 #   bash node/gpu_node.sh ferry-recv; one-install BUNDLE   as for one-start
 #   bash node/gpu_node.sh seed-shape-wait [SECS]
 #                                              watch; fixture manifest + results -> $OUT
@@ -60,6 +61,14 @@
 #                                              dummy weights (the cycle costs), and
 #                                              sglang-ext tune (with the target's config)
 #                                              checked against the first
+#   bash node/gpu_node.sh seed-pack [FIRST]    the trained small MLA target and drafter ->
+#                                              $OUT, three 16 MB parts a call (FIRST 0, 3,
+#                                              ...); here they go to .ferry/mla-fixtures.tar/,
+#                                              and ferry-recv before the next seed-shape-start
+#                                              carries them: that run only deepens and widens
+#                                              them (fixtures.cache, kind mla)
+#   bash node/gpu_node.sh seed-unpack          that step of seed-shape-pipeline: the carried
+#                                              bundle into /tmp/mla, deepened and widened
 #
 # Where a verify cycle's time goes (stock SGLang, dummy 8B-shaped weights, tau ~ 1):
 #   bash node/gpu_node.sh dummy-profile-start  carry .wh/s1: start the profile detached; then
@@ -199,6 +208,39 @@ train_site() {
 speed_fixtures() {
     PYTHONPATH="$TRAIN_SITE" python3 -m sglang_ext_tools.fixtures.make_speed_fixtures \
         --out "$SPEED" "$@"
+}
+# make_mla_fixtures on the training site, into $MLA on the GPU (seed-shape-pipeline, seed-unpack)
+mla_fixtures() {
+    PYTHONPATH="$TRAIN_SITE" python3 -m sglang_ext_tools.fixtures.make_mla_fixtures \
+        --out "$MLA" --device cuda "$@"
+}
+# KIND's trained small fixtures in SRC (fixtures.cache) back to this machine as the bundle
+# NAME in 16 MB ferry parts, three a call from part FIRST (speed-pack, seed-pack): packed and
+# split into /tmp/KIND-pack on the first call, which the later calls only copy from
+send_bundle() {
+    local kind=$1 src=$2 name=$3 first=$4 pack=/tmp/$1-pack part k
+    if [ ! -f "$pack/parts/$name/manifest.json" ]; then
+        rm -rf "$pack" && mkdir -p "$pack/src"
+        PYTHONPATH="$TRAIN_SITE" python3 -m sglang_ext_tools.fixtures.cache pack \
+            --kind "$kind" "$src" "$pack/src/$name"
+        python3 node/ferry.py split "$pack/src/$name" --out "$pack/parts" \
+            --part-bytes 16000000
+    fi
+    cp "$pack/parts/$name/manifest.json" "$OUT"/
+    for k in $(seq "$first" $((first + 2))); do
+        part=$(printf '%s/parts/%s/part-%02d' "$pack" "$name" "$k")
+        if [ -f "$part" ]; then cp "$part" "$OUT"/; fi
+    done
+    ls "$OUT"
+}
+# The carried bundle /tmp/ferry/NAME (ferry-recv) joined in /tmp/KIND-cache and unpacked into
+# DST, refused unless it is a KIND bundle (speed-unpack, seed-unpack)
+recv_bundle() {
+    local kind=$1 name=$2 dst=$3
+    python3 node/ferry.py status "/tmp/ferry/$name/manifest.json"
+    python3 node/ferry.py join "/tmp/ferry/$name/manifest.json" --out "/tmp/$kind-cache"
+    PYTHONPATH="$TRAIN_SITE" python3 -m sglang_ext_tools.fixtures.cache unpack \
+        --kind "$kind" "/tmp/$kind-cache/$name" "$dst"
 }
 
 # A bench's time limit: what the lease has left (one-install's DEADLINE, from its LEFT_S) less
@@ -346,14 +388,22 @@ seed-shape-pipeline)
     # make_mla_fixtures all -> widen -> (after one-install) seed-shape-bench; ends with DONE
     # or FAILED. Runs detached: `seed-shape-wait` only watches.
     cd /tmp/repo
-    mla() { PYTHONPATH="$TRAIN_SITE" python3 -m sglang_ext_tools.fixtures.make_mla_fixtures \
-        --out "$MLA" --device cuda "$@"; }
     ok=0
+    # A bundle of an earlier session's trained small target and drafter (`seed-pack`), carried
+    # by ferry-recv before seed-shape-start: only deepen and widen run (~55 s instead of
+    # ~430 s), on the same small models as that session's (fixtures.cache). Without it (or if
+    # it fails: its cache.json goes, the full build rewrites the rest) the full build.
     # --no-reference: the suite's reference tau is not used here (~64 s of device time);
     # --no-wide-tau (SEED_WIDE_TAU=" " keeps it): the wide pair's reference tau, 209 s on
     # 2026-12-02 (wide 1.8369, deep 2.0 there), which the bench does not read
-    if mla --stage all --no-reference >"$SEED/mla.log" 2>&1 \
-        && mla --stage widen ${SEED_WIDE_TAU:---no-wide-tau} >>"$SEED/mla.log" 2>&1; then
+    : >"$SEED/mla.log"
+    if [ -f /tmp/ferry/mla-fixtures.tar/manifest.json ] \
+        && bash node/gpu_node.sh seed-unpack >>"$SEED/mla.log" 2>&1; then
+        ok=1
+    elif rm -f "$MLA/cache.json" \
+        && mla_fixtures --stage all --no-reference >>"$SEED/mla.log" 2>&1 \
+        && mla_fixtures --stage widen ${SEED_WIDE_TAU:---no-wide-tau} >>"$SEED/mla.log" 2>&1
+    then
         ok=1
     fi
     while [ ! -f "$INSTALLED" ]; do sleep 2; done
@@ -524,33 +574,32 @@ speed-pack)
     # The trained small speed fixtures back to this machine for the next session, three
     # 16 MB parts a call (FIRST: the first part's number; 0, 3, 6, ...): put them in
     # .ferry/speed-fixtures.tar/ here, then ferry-recv them before speed-one-start
-    first=${1:-0} pack=/tmp/speed-pack
-    if [ ! -f "$pack/parts/speed-fixtures.tar/manifest.json" ]; then
-        rm -rf "$pack" && mkdir -p "$pack/src"
-        PYTHONPATH="$TRAIN_SITE" python3 -m sglang_ext_tools.fixtures.cache pack "$SPEED" \
-            "$pack/src/speed-fixtures.tar"
-        python3 node/ferry.py split "$pack/src/speed-fixtures.tar" --out "$pack/parts" \
-            --part-bytes 16000000
-    fi
-    cp "$pack/parts/speed-fixtures.tar/manifest.json" "$OUT"/
-    for k in $(seq "$first" $((first + 2))); do
-        part=$(printf '%s/parts/speed-fixtures.tar/part-%02d' "$pack" "$k")
-        if [ -f "$part" ]; then cp "$part" "$OUT"/; fi
-    done
-    ls "$OUT"
+    send_bundle speed "$SPEED" speed-fixtures.tar "${1:-0}"
     ;;
 speed-unpack)
     # The carried bundle (/tmp/ferry/speed-fixtures.tar, see speed-pack) into $SPEED, then
     # the widen stages on it; speed-pipeline runs it when the bundle is there
-    bundle=/tmp/ferry/speed-fixtures.tar/manifest.json
-    python3 node/ferry.py status "$bundle"
-    python3 node/ferry.py join "$bundle" --out /tmp/speed-cache
-    PYTHONPATH="$TRAIN_SITE" python3 -m sglang_ext_tools.fixtures.cache unpack \
-        /tmp/speed-cache/speed-fixtures.tar "$SPEED"
+    recv_bundle speed speed-fixtures.tar "$SPEED"
     echo "fixtures: the carried bundle's trained small models, widened again"
     for stage in widen-target widen-drafters; do
         speed_fixtures --stage "$stage" ${SPEED_SCALE:+--scale "$SPEED_SCALE"}
     done
+    ;;
+seed-pack)
+    # The trained small MLA target and drafter back to this machine for the next session,
+    # three 16 MB parts a call (FIRST: the first part's number; 0, 3, 6, ...): put them in
+    # .ferry/mla-fixtures.tar/ here, then ferry-recv them before seed-shape-start
+    send_bundle mla "$MLA" mla-fixtures.tar "${1:-0}"
+    ;;
+seed-unpack)
+    # The carried bundle (/tmp/ferry/mla-fixtures.tar, see seed-pack) into $MLA, then deepen
+    # and widen on it (as seed-shape-pipeline runs them: widen --no-wide-tau unless
+    # SEED_WIDE_TAU says); seed-shape-pipeline runs it when the bundle is there
+    recv_bundle mla mla-fixtures.tar "$MLA"
+    echo "fixtures: the carried bundle's trained small models, deepened and widened again"
+    mla_fixtures --stage deepen
+    # shellcheck disable=SC2086  # the flag, split on purpose (SEED_WIDE_TAU=" ": none)
+    mla_fixtures --stage widen ${SEED_WIDE_TAU:---no-wide-tau}
     ;;
 speed-bench)
     mkdir -p "$OUT"
