@@ -337,7 +337,7 @@ speed-pipeline)
     if [ -f /tmp/ferry/speed-fixtures.tar/manifest.json ] && bash node/gpu_node.sh speed-unpack
     then
         ok=1
-    elif speed_fixtures --stage base; then
+    elif rm -f "$SPEED/cache.json" && speed_fixtures --stage base; then
         speed_fixtures --stage widen-target >"$SPEED/widen-target.log" 2>&1 &
         p0=$!
         speed_fixtures --stage drafter --nbr true >"$SPEED/drafter-true.log" 2>&1 &
