@@ -27,6 +27,7 @@ cycle against.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import itertools
@@ -139,16 +140,32 @@ def default_config_for(shape: MoeShape):
     return lambda m: get_default_config(m, e, n, k, topk, None, False, None)
 
 
-def sglang_context():
-    """SGLang 0.5.23's config lookups read the published server config (``get_exec()``);
-    outside a server, publish its dummy one for the time of the call."""
-    import contextlib
+class OneRank:
+    """The tensor-parallel group of a process that is the whole model (one GPU, no peers):
+    SGLang's MoE code reads the group before it decides whether to allocate its output in
+    NCCL symmetric memory (``fused_moe.py:fused_experts_impl``), which at one rank it never
+    does."""
 
+    world_size = 1
+    rank_in_group = 0
+    device_group = None
+    cpu_group = None
+
+
+@contextlib.contextmanager
+def sglang_context():
+    """SGLang 0.5.23's kernels read the published server config (``get_exec()``) and the
+    parallel context (``get_parallel().tp_group``); outside a server, publish its dummy
+    config and one rank for the time of the call. (2026-12-03 on the H200: without the
+    rank, every ``fused_experts`` call stopped with "parallel name 'tp_group' has not been
+    written in this process".)"""
     try:
-        from sglang.srt.runtime_context import get_context
+        from sglang.srt.runtime_context import get_context, get_parallel
     except ImportError:  # SGLang before the runtime context (0.5.17)
-        return contextlib.nullcontext()
-    return get_context().override_server_args()
+        yield
+        return
+    with get_context().override_server_args(), get_parallel().override(tp_group=OneRank()):
+        yield
 
 
 def _timer(fn, reps: int, graph_calls: int) -> float:

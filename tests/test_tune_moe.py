@@ -143,3 +143,47 @@ def test_search_keeps_the_fastest_per_count_skips_refused_configs_and_stops_in_t
     assert results[8]["best"]["name"] == "fast_large" and results[8]["default_ms"] == 0.12
     assert results[1]["configs_timed"] == results[8]["configs_timed"] == 2
     assert results[8]["best"] is not fast_large  # a copy: the table never aliases a candidate
+
+
+def test_fused_experts_python_path_runs_inside_the_context(monkeypatch):
+    """What the tuner times, SGLang's ``fused_experts_impl``, run through on CPU with its
+    three kernel launches replaced (block alignment, the grouped GEMM, the top-k sum): every
+    config and parallel read on the way is answered by ``sglang_context``. On the H200
+    (2026-12-03) each call stopped at ``get_parallel().tp_group``; so does this test without
+    the context's one rank."""
+    fm = pytest.importorskip("sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe")
+    import torch
+    from sglang.srt.layers.moe.moe_runner.triton_utils import override_config
+
+    launched = []
+
+    def align(topk_ids, block, experts, *args, **kwargs):
+        padded = -(-topk_ids.numel() // block) * block
+        return (
+            torch.arange(padded, dtype=torch.int32),
+            torch.zeros(padded // block, dtype=torch.int32),
+            torch.tensor([padded], dtype=torch.int32),
+        )
+
+    def gemm(a, b, bias, c, *args, **kwargs):
+        launched.append(tuple(b.shape))
+        c.zero_()
+
+    def topk_sum(x, out, *args, **kwargs):
+        out.copy_(x.sum(dim=1))
+
+    monkeypatch.setattr(fm, "moe_align_block_size", align)
+    monkeypatch.setattr(fm, "invoke_fused_moe_kernel", gemm)
+    monkeypatch.setattr(fm, "moe_sum_reduce_triton", topk_sum)
+    shape = tune_moe.MoeShape(experts=8, intermediate=32, hidden=64, topk=2, layers=1)
+    x = torch.randn(4, shape.hidden, dtype=torch.bfloat16)
+    w1 = torch.zeros(shape.experts, 2 * shape.intermediate, shape.hidden, dtype=torch.bfloat16)
+    w2 = torch.zeros(shape.experts, shape.hidden, shape.intermediate, dtype=torch.bfloat16)
+    ids = torch.rand(4, shape.experts).topk(shape.topk, dim=-1).indices.to(torch.int32)
+    weights = torch.full((4, shape.topk), 0.5)
+    with tune_moe.sglang_context():
+        config = tune_moe.default_config_for(shape)(4)
+        with override_config(config):
+            out = fm.fused_experts_impl(x, w1, w2, weights, ids)
+    assert out.shape == x.shape
+    assert launched == [tuple(w1.shape), tuple(w2.shape)]
