@@ -12,6 +12,11 @@ node in parts, and put it together there, checked.
            or upstream-sha256 for that filename: a stripped wheel's lock line records the
            upstream file's hash). An existing different file is never replaced.
     python node/ferry.py status MANIFEST --parts DIR
+    python node/ferry.py collect NAME [--from /work/.device] [--out .ferry]
+        -> OUT/NAME/: the parts of the bundle NAME (and its newest manifest) that device calls
+           brought back, one folder per call under --from, each part checked by sha256; the
+           way back, for what the node builds (fixtures.cache bundles). Exit 1 while parts
+           are missing.
 
 Stdlib only: it runs on the air-gapped node before anything is installed. Exit codes: 0 ok,
 1 a check failed (named: file, part, expected, found), 2 usage.
@@ -200,6 +205,53 @@ def join(manifest_path: Path, parts_dir: Path, out: Path, lock: Path | None = No
     return target
 
 
+def collect(name: str, sources: Path, out: Path) -> dict:
+    """The parts of the bundle NAME that device calls returned, gathered from the folders
+    under SOURCES (one per call; a call returns its files flat) into OUT/NAME with the
+    newest manifest of that name. Only parts whose size and sha256 are the manifest's are
+    taken, so an older bundle's parts of the same name are passed over; an OUT/NAME that
+    holds another bundle (another manifest sha256, or a part that differs) is refused, not
+    replaced. Returns the status: file, parts, missing."""
+    found = []
+    for candidate in sorted(sources.glob("*/manifest.json")):
+        try:
+            manifest = read_manifest(candidate)
+        except FerryError:
+            continue  # another tool's manifest.json
+        if manifest["file"] == name:
+            found.append((candidate.stat().st_mtime, str(candidate), manifest))
+    if not found:
+        raise FerryError(f"{sources}: no folder holds a manifest.json for {name}")
+    _, source, manifest = max(found, key=lambda item: (item[0], item[1]))
+    folder = out / name
+    kept = folder / "manifest.json"
+    if kept.exists() and read_manifest(kept)["sha256"] != manifest["sha256"]:
+        raise FerryError(
+            f"{folder}: holds {name} sha256 {read_manifest(kept)['sha256']}, the newest "
+            f"returned ({source}) is {manifest['sha256']}; remove it to collect that one"
+        )
+    folder.mkdir(parents=True, exist_ok=True)
+    for part in manifest["parts"]:
+        target = folder / part["name"]
+        if target.exists():
+            if sha256_file(target) != part["sha256"]:
+                raise FerryError(
+                    f"{target}: differs from {name}'s {part['name']} (sha256 {part['sha256']})"
+                )
+            continue
+        for candidate in sorted(sources.glob(f"*/{part['name']}")):
+            size = candidate.stat().st_size
+            if size == part["size"] and sha256_file(candidate) == part["sha256"]:
+                temporary = folder / f".{part['name']}.ferry-tmp"
+                temporary.write_bytes(candidate.read_bytes())
+                os.replace(temporary, target)
+                break
+    if not kept.exists():
+        kept.write_text(json.dumps(manifest, indent=2) + "\n")
+    missing = missing_parts(manifest, folder)
+    return {"file": name, "parts": len(manifest["parts"]), "missing": missing}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -215,6 +267,10 @@ def main(argv=None) -> int:
     t = sub.add_parser("status", help="which parts are here")
     t.add_argument("manifest", type=Path)
     t.add_argument("--parts", type=Path)
+    c = sub.add_parser("collect", help="gather a bundle's parts that device calls returned")
+    c.add_argument("name", help="the bundle's file name, e.g. mla-fixtures.tar")
+    c.add_argument("--from", dest="sources", type=Path, default=Path("/work/.device"))
+    c.add_argument("--out", type=Path, default=Path(".ferry"))
     args = parser.parse_args(argv)
     try:
         if args.command == "split":
@@ -222,6 +278,10 @@ def main(argv=None) -> int:
             manifest = split(args.file, args.out, args.part_bytes)
             count = len(read_manifest(manifest)["parts"])
             print(f"{manifest}: {count} part(s)")
+        elif args.command == "collect":
+            status = collect(args.name, args.sources, args.out)
+            print(json.dumps(status))
+            return 1 if status["missing"] else 0
         elif args.command == "join":
             parts = args.parts or args.manifest.parent
             print(join(args.manifest, parts, args.out, args.lock))

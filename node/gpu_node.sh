@@ -17,7 +17,9 @@
 #                                              the background (setsid; runs while warm)
 #   bash node/gpu_node.sh stage s2; ... stage s3 && bash node/gpu_node.sh install
 #                                              (install also releases the pipeline's widen stage)
-#   bash node/gpu_node.sh speed-wait [SECS]    watch; fixture manifest + results -> $OUT
+#   bash node/gpu_node.sh speed-wait [SECS]    watch; fixture manifest + results -> $OUT, and
+#                                              the fresh fixtures' bundle parts while the
+#                                              bench runs (here: ferry.py collect, below)
 #   bash node/gpu_node.sh speed-bench [args]   python -m sglang_ext_tools.bench_speed -> $OUT
 #                                              (fixtures ready)
 #   bash node/gpu_node.sh speed-pack [FIRST]   the trained small fixtures -> $OUT, three 16 MB
@@ -50,7 +52,11 @@
 #                                              on the wide pair, detached
 #   bash node/gpu_node.sh ferry-recv; one-install BUNDLE   as for one-start
 #   bash node/gpu_node.sh seed-shape-wait [SECS]
-#                                              watch; fixture manifest + results -> $OUT
+#                                              watch; fixture manifest + results -> $OUT, and
+#                                              the fresh fixtures' bundle parts while the
+#                                              bench runs: here `python node/ferry.py collect
+#                                              mla-fixtures.tar --from /work/.device --out
+#                                              .ferry` gathers them (speed-fixtures.tar alike)
 #   bash node/gpu_node.sh seed-shape-bench [args]
 #                                              a fused-MoE config tuned for the target
 #                                              (tune_moe; SEED_MOE_TUNE=0: SGLang's default),
@@ -134,6 +140,7 @@ set -euo pipefail
 WH=/tmp/wh SITE=${SGLANG_EXT_SITE:-/tmp/site} FIX=/tmp/fixtures MLA=/tmp/mla SUITE=/tmp/suite
 LOGS=${SGLANG_EXT_LOG_DIR:-/tmp/sglang-ext-logs} PATCHED=${SGLANG_EXT_PATCHED_DIR:-/tmp/site_patched}
 SPEED=/tmp/speed TRAIN_SITE=/tmp/site-train INSTALLED=/tmp/sglang-installed SEED=/tmp/seed
+PACKS=${SGLANG_EXT_PACK_DIR:-/tmp}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -214,24 +221,68 @@ mla_fixtures() {
     PYTHONPATH="$TRAIN_SITE" python3 -m sglang_ext_tools.fixtures.make_mla_fixtures \
         --out "$MLA" --device cuda "$@"
 }
-# KIND's trained small fixtures in SRC (fixtures.cache) back to this machine as the bundle
-# NAME in 16 MB ferry parts, three a call from part FIRST (speed-pack, seed-pack): packed and
-# split into /tmp/KIND-pack on the first call, which the later calls only copy from
-send_bundle() {
-    local kind=$1 src=$2 name=$3 first=$4 pack=/tmp/$1-pack part k
-    if [ ! -f "$pack/parts/$name/manifest.json" ]; then
-        rm -rf "$pack" && mkdir -p "$pack/src"
-        PYTHONPATH="$TRAIN_SITE" python3 -m sglang_ext_tools.fixtures.cache pack \
-            --kind "$kind" "$src" "$pack/src/$name"
-        python3 node/ferry.py split "$pack/src/$name" --out "$pack/parts" \
-            --part-bytes 16000000
+# KIND's trained small fixtures in SRC (fixtures.cache) packed and split into 16 MB ferry
+# parts in $PACKS/KIND-pack/parts/NAME, once (READY when done; BUSY while it runs, so a
+# second caller waits instead of packing over it). The pipelines run it in the background
+# right after a fresh build, so the waits return the parts while the bench runs (ship_parts):
+# on 2026-12-03 the machine was taken back mid-bench, before an end-of-run pack
+prepare_bundle() {
+    local kind=$1 src=$2 name=$3 pack=$PACKS/$1-pack
+    for _ in $(seq 180); do [ -f "$pack.BUSY" ] || break; sleep 1; done
+    if [ -f "$pack/READY" ]; then return 0; fi
+    touch "$pack.BUSY"
+    rm -rf "$pack" && mkdir -p "$pack/src"
+    if PYTHONPATH="$TRAIN_SITE" python3 -m sglang_ext_tools.fixtures.cache pack \
+        --kind "$kind" "$src" "$pack/src/$name" \
+        && python3 node/ferry.py split "$pack/src/$name" --out "$pack/parts" \
+            --part-bytes 16000000; then
+        touch "$pack/READY"
     fi
+    rm -f "$pack.BUSY"
+    [ -f "$pack/READY" ]
+}
+# The bundle NAME of KIND's fixtures in SRC back to this machine, three parts a call from
+# part FIRST, with its manifest (speed-pack, seed-pack): put them in .ferry/NAME/ here
+send_bundle() {
+    local kind=$1 src=$2 name=$3 first=$4 pack=$PACKS/$1-pack part k
+    prepare_bundle "$kind" "$src" "$name"
     cp "$pack/parts/$name/manifest.json" "$OUT"/
     for k in $(seq "$first" $((first + 2))); do
         part=$(printf '%s/parts/%s/part-%02d' "$pack" "$name" "$k")
         if [ -f "$part" ]; then cp "$part" "$OUT"/; fi
     done
     ls "$OUT"
+}
+# FILE... into $OUT unless an earlier call of this lease returned the same file unchanged
+# (its path, size and mtime in $PACKS/shipped.list): the waits return what rarely changes
+# once, which leaves their 8 files room for ship_parts; DONE resends everything
+ship_once() {
+    local file key
+    touch "$PACKS/shipped.list"
+    for file in "$@"; do
+        [ -f "$file" ] || continue
+        key="$file $(stat -c '%s %Y' "$file")"
+        if [ "${SHIP_ALL:-0}" = 1 ] || ! grep -qxF "$key" "$PACKS/shipped.list"; then
+            cp "$file" "$OUT"/ && echo "$key" >>"$PACKS/shipped.list"
+        fi
+    done
+}
+# The prepared bundle NAME's manifest and parts that no earlier call returned, into $OUT
+# while it holds fewer than 8 files and this call has added at most 3 parts (48 MB): here
+# `python node/ferry.py collect NAME --from /work/.device --out .ferry` gathers them
+ship_parts() {
+    local kind=$1 name=$2 pack=$PACKS/$1-pack part parts=0
+    [ -f "$pack/READY" ] || return 0
+    for part in "$pack/parts/$name"/manifest.json "$pack/parts/$name"/part-*; do
+        if [ "$(find "$OUT" -maxdepth 1 -type f | wc -l)" -ge 8 ] || [ "$parts" -ge 3 ]; then
+            break
+        fi
+        case $part in */manifest.json) ship_once "$part"; continue ;; esac
+        if ! grep -qxF "$part $(stat -c '%s %Y' "$part")" "$PACKS/shipped.list"; then
+            ship_once "$part"
+            parts=$((parts + 1))
+        fi
+    done
 }
 # The carried bundle /tmp/ferry/NAME (ferry-recv) joined in /tmp/KIND-cache and unpacked into
 # DST, refused unless it is a KIND bundle (speed-unpack, seed-unpack)
@@ -346,6 +397,8 @@ speed-pipeline)
         p2=$!
         if wait "$p0" && wait "$p1" && wait "$p2" && speed_fixtures --stage widen-drafters; then
             ok=1
+            # the fresh small models packed now, for the waits to return while the bench runs
+            prepare_bundle speed "$SPEED" speed-fixtures.tar >"$SPEED/pack.log" 2>&1 &
         fi
     fi
     echo "fixtures done (ok=$ok) at $(date +%T); waiting for the install"
@@ -405,6 +458,8 @@ seed-shape-pipeline)
         && mla_fixtures --stage widen ${SEED_WIDE_TAU:---no-wide-tau} >>"$SEED/mla.log" 2>&1
     then
         ok=1
+        # the fresh small models packed now, for the waits to return while the bench runs
+        prepare_bundle mla "$MLA" mla-fixtures.tar >"$SEED/pack.log" 2>&1 &
     fi
     while [ ! -f "$INSTALLED" ]; do sleep 2; done
     if [ "$ok" = 1 ]; then
@@ -514,19 +569,24 @@ seed-shape-wait)
     wait_for "$SEED" "${1:-540}"
     grep -h "make_fixtures\|Error\|error\|done in" "$SEED/mla.log" 2>/dev/null | tail -n 12
     tail -n 25 "$SEED/result/bench.log" 2>/dev/null
-    cp "$MLA/mla-fixtures.json" "$OUT"/ 2>/dev/null || true
+    if [ -f "$SEED/DONE" ]; then export SHIP_ALL=1; fi
     # at most 8 files come back from a call. bench_speed rewrites its JSON after every
     # measurement, so each poll returns what has finished (a machine lost mid-bench keeps it);
     # the acceptance records (what `sglang-ext tune` reads) likewise, until server-logs.tgz,
     # which holds them, exists. The PNG stays behind: `bench_speed`'s write_png redraws it.
+    # What is written once comes back once (ship_once; all of it again at DONE), and the
+    # room left carries the fixture bundle's parts (ship_parts; the pipeline prepared them)
     cp "$SEED"/result/seed-shape.json "$SEED"/result/seed-shape-probe.json \
-        "$SEED"/result/advisor.json "$SEED"/result/wide-target-config.json \
-        "$SEED"/result/convert.log "$SEED"/result/tune-moe.json "$OUT"/ 2>/dev/null || true
+        "$SEED"/result/advisor.json "$OUT"/ 2>/dev/null || true
     if [ -f "$SEED/result/server-logs.tgz" ]; then
         cp "$SEED/result/server-logs.tgz" "$OUT"/
     elif [ -d "$LOGS/acceptance" ]; then
         tar -czf "$OUT/acceptance.tgz" -C "$LOGS" acceptance 2>/dev/null || true
     fi
+    ship_once "$MLA/mla-fixtures.json" "$SEED"/result/wide-target-config.json \
+        "$SEED"/result/convert.log "$SEED"/result/tune-moe.json
+    ship_parts mla mla-fixtures.tar
+    ls "$OUT"
     nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
     [ -f "$SEED/DONE" ]
     ;;
@@ -562,11 +622,15 @@ speed-wait)
     wait_for "$SPEED" "${1:-540}"
     tail -n 3 "$SPEED"/*.log 2>/dev/null | grep -v Warning
     tail -n 25 "$SPEED/result/bench.log" 2>/dev/null
-    # at most 8 files come back from a call: speed-fixtures.json already merges the stage-*.json
-    cp "$SPEED"/speed-fixtures.json "$OUT"/ 2>/dev/null || true
-    cp "$SPEED"/result/speed.json "$SPEED"/result/speed.png "$SPEED"/result/bench.log \
-        "$SPEED"/result/server-logs.tgz "$SPEED"/result/backends.tgz "$SPEED"/pipeline.log \
-        "$OUT"/ 2>/dev/null || true
+    if [ -f "$SPEED/DONE" ]; then export SHIP_ALL=1; fi
+    # at most 8 files come back from a call: speed-fixtures.json already merges the
+    # stage-*.json and comes back once (ship_once; at DONE again, with the PNG); the room left
+    # carries the fixture bundle's parts (ship_parts; the pipeline prepared them)
+    cp "$SPEED"/result/speed.json "$SPEED"/result/bench.log "$SPEED"/result/server-logs.tgz \
+        "$SPEED"/result/backends.tgz "$SPEED"/pipeline.log "$OUT"/ 2>/dev/null || true
+    if [ -f "$SPEED/DONE" ]; then cp "$SPEED"/result/speed.png "$OUT"/ 2>/dev/null || true; fi
+    ship_once "$SPEED"/speed-fixtures.json
+    ship_parts speed speed-fixtures.tar
     nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
     [ -f "$SPEED/DONE" ]
     ;;

@@ -119,3 +119,58 @@ def test_default_parts_travel_beside_this_checkout_with_room_to_grow():
     if tree is None:
         pytest.skip("not a git checkout")
     ferry.check_fits_one_call(ferry.PART_BYTES + 2_000_000, tree)
+
+
+def _returned(tmp_path, calls):
+    """Device-call folders as the device tool leaves them: each call's files flat in NN/."""
+    root = tmp_path / "device"
+    for index, files in enumerate(calls):
+        folder = root / f"{index:02d}"
+        folder.mkdir(parents=True)
+        for source in files:
+            (folder / source.name).write_bytes(source.read_bytes())
+    return root
+
+
+def test_collect_gathers_the_parts_calls_returned_and_passes_over_an_older_bundle(tmp_path):
+    old = tmp_path / "old" / "mla-fixtures.tar"
+    old.parent.mkdir()
+    old.write_bytes(os.urandom(2_500_000))
+    new = tmp_path / "new" / "mla-fixtures.tar"
+    new.parent.mkdir()
+    new.write_bytes(os.urandom(2_500_000))
+    old_manifest = ferry.split(old, tmp_path / "old-parts", part_bytes=1_000_000)
+    manifest = ferry.split(new, tmp_path / "new-parts", part_bytes=1_000_000)
+    parts = sorted(manifest.parent.glob("part-*"))
+    stale = sorted(old_manifest.parent.glob("part-*"))
+    # an earlier session's bundle of the same name, then this run's in two polls
+    root = _returned(tmp_path, [[old_manifest, *stale], [manifest, *parts[:2]], parts[2:]])
+    os.utime(root / "00" / "manifest.json", (1, 1))  # the older one is older
+    status = ferry.collect("mla-fixtures.tar", root, tmp_path / "ferry")
+    assert status == {"file": "mla-fixtures.tar", "parts": 3, "missing": []}
+    joined = ferry.join(tmp_path / "ferry" / "mla-fixtures.tar" / "manifest.json",
+                        tmp_path / "ferry" / "mla-fixtures.tar", tmp_path / "joined")  # fmt: skip
+    assert joined.read_bytes() == new.read_bytes()
+    # again: nothing changes; the main entry point says it all came
+    assert ferry.main(["collect", "mla-fixtures.tar", "--from", str(root), "--out",
+                       str(tmp_path / "ferry")]) == 0  # fmt: skip
+
+
+def test_collect_lists_what_is_missing_and_never_mixes_two_bundles(wheel, tmp_path, capsys):
+    manifest = ferry.split(wheel, tmp_path / "parts", part_bytes=1_000_000)
+    parts = sorted(manifest.parent.glob("part-*"))
+    root = _returned(tmp_path, [[manifest, parts[0]]])
+    out = tmp_path / "ferry"
+    status = ferry.collect(NAME, root, out)
+    assert status["missing"] == ["part-01", "part-02"]
+    assert ferry.main(["collect", NAME, "--from", str(root), "--out", str(out)]) == 1
+    # another bundle of that name already collected: refused, nothing replaced
+    other = tmp_path / "other" / NAME
+    other.parent.mkdir()
+    other.write_bytes(os.urandom(1_500_000))
+    root2 = _returned(tmp_path / "b", [[ferry.split(other, tmp_path / "op", 1_000_000)]])
+    with pytest.raises(ferry.FerryError, match="remove it to collect that one"):
+        ferry.collect(NAME, root2, out)
+    assert (out / NAME / "part-00").read_bytes() == parts[0].read_bytes()
+    with pytest.raises(ferry.FerryError, match="no folder holds a manifest.json"):
+        ferry.collect("nothing.tar", root, out)

@@ -5,9 +5,11 @@ its pipelines run from hold every folder they use."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -132,3 +134,65 @@ def test_the_bench_limit_comes_from_the_lease(tmp_path):
     assert 405 <= lease <= 410 and capped_by_lease == lease
     assert capped_by_var == 300
     assert 205 <= reserved <= 210
+
+
+def _functions(*names: str) -> str:
+    return "\n".join(
+        f"{name}() {{" + TEXT.split(f"\n{name}() {{", 1)[1].split("\n}", 1)[0] + "\n}"
+        for name in names
+    )
+
+
+def test_the_waits_bring_a_prepared_bundle_back_in_the_room_their_files_leave(tmp_path):
+    """ship_once / ship_parts as the waits call them, over four polls into fresh $OUT folders
+    (the device tool's NN/ folders): what is written once comes back once, each poll adds at
+    most 3 parts and never more than 8 files, DONE (SHIP_ALL) resends the rest; then `ferry.py
+    collect` gathers the bundle from the polls' folders, whole."""
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("no bash")
+    packs = tmp_path / "packs"
+    bundle = tmp_path / "mla-fixtures.tar"
+    bundle.write_bytes(bytes(range(256)) * 28_000)  # 7.2 MB: 8 parts of 1 MB
+    subprocess.run(
+        [sys.executable, str(ROOT / "node" / "ferry.py"), "split", str(bundle), "--out",
+         str(packs / "mla-pack" / "parts"), "--part-bytes", "1000000"],
+        check=True, capture_output=True, cwd=tmp_path,
+    )  # fmt: skip
+    (packs / "mla-pack" / "READY").touch()
+    static = tmp_path / "mla-fixtures.json"
+    static.write_text("{}")
+    results = [tmp_path / f"r{i}.json" for i in range(5)]
+    for result in results:
+        result.write_text("{}")
+    device = tmp_path / "device"
+    counts = []
+    for poll in range(4):
+        out = device / f"{poll:02d}"
+        out.mkdir(parents=True)
+        always = results if poll == 1 else results[:2]  # poll 1: five result files
+        script = (
+            f"PACKS={packs} OUT={out}\n{_functions('ship_once', 'ship_parts')}\n"
+            f"{'export SHIP_ALL=1' if poll == 3 else ''}\n"
+            f"cp {' '.join(map(str, always))} $OUT/\n"
+            f"ship_once {static}\nship_parts mla mla-fixtures.tar\n"
+        )
+        subprocess.run([bash, "-c", script], check=True, capture_output=True, text=True)
+        names = sorted(p.name for p in out.iterdir())
+        counts.append(names)
+        assert len(names) <= 8
+        assert sum(name.startswith("part-") for name in names) <= 3
+    first, second, third, last = counts
+    assert "mla-fixtures.json" in first and "manifest.json" in first
+    assert [n for n in first if n.startswith("part-")] == ["part-00", "part-01", "part-02"]
+    assert "mla-fixtures.json" not in second and len(second) == 8  # 5 results, room for 3
+    assert "mla-fixtures.json" not in third
+    assert "mla-fixtures.json" in last  # DONE: all again
+    spec = importlib.util.spec_from_file_location("ferry_mod", ROOT / "node" / "ferry.py")
+    ferry = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ferry)
+    status = ferry.collect("mla-fixtures.tar", device, tmp_path / "ferry")
+    assert status["missing"] == []
+    joined = ferry.join(tmp_path / "ferry" / "mla-fixtures.tar" / "manifest.json",
+                        tmp_path / "ferry" / "mla-fixtures.tar", tmp_path / "joined")  # fmt: skip
+    assert joined.read_bytes() == bundle.read_bytes()
