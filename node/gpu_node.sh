@@ -520,9 +520,30 @@ seed-shape-bench)
             export SGLANG_MOE_CONFIG_DIR=$SEED/moe-configs
         fi
     fi
+    # The zero-acceptance probe the advisor reads its cycle costs from. SEED_PROBE=twin (the
+    # default): the trained target with the drafter's never-right twin (`sglang-ext
+    # probe-drafter`: its final norm negated, the same cost), so the verify pass routes the
+    # drafts through the target's own router and the MoE fan-out is in the cost (2026-12-03:
+    # the dummy-weight probe missed 0.25-0.47 decode steps of it, and moe_fanout's byte model
+    # said 0.98-1.30); SEED_PROBE=dummy: --load-format dummy, tune adds that model's fan-out.
+    # --profile: one traced batch-1 request per server splits the cycle (trace_breakdown).
+    # It runs before the trained matrix: both 2026-12-03 runs lost it to the lease's end
+    # and to a machine taken back, while the matrix they did measure replicated.
+    rm -rf "$MLA/wide-drafter-probe"
+    probe=(--server-args "--load-format dummy")
+    if [ "${SEED_PROBE:-twin}" = twin ] && python3 -m sglang_ext.cli probe-drafter \
+        "$MLA/wide-drafter" "$MLA/wide-drafter-probe" 2>&1 | tee -a "$OUT/bench.log"; then
+        probe=(--drafter "$MLA/wide-drafter-probe")
+    fi
+    probe_on() {
+        wide --batches 1 --rounds 2 --batch1-requests 8 "${probe[@]}" \
+            --log-dir "$LOGS/probe-$1" --profile --attention-backend "$1" \
+            --out-json "$OUT/seed-shape-probe.json" 2>&1 | tee -a "$OUT/bench.log" || true
+    }
+    probe_on fa3
     wide "${pair[@]}" --batches 1 --rounds 2 --fixtures-json "$MLA/mla-fixtures.json" \
         --acceptance-dir "$LOGS/acceptance" --log-dir "$LOGS" --out-json "$OUT/seed-shape.json" \
-        --out-png "$OUT/seed-shape.png" "$@" 2>&1 | tee "$OUT/bench.log"
+        --out-png "$OUT/seed-shape.png" "$@" 2>&1 | tee -a "$OUT/bench.log"
     status=${PIPESTATUS[0]}
     backend=fa3
     if ! python3 -c 'import json, sys; d = json.load(open(sys.argv[1]))
@@ -540,23 +561,9 @@ sys.exit(0 if any(s["status"] == "ready" for s in d["servers"]) else 1)' "$OUT/s
             --out-json "$OUT/seed-shape.json" --out-png "$OUT/seed-shape.png" "$@" \
             --attention-backend triton 2>&1 | tee -a "$OUT/bench.log"
         status=${PIPESTATUS[0]}
+        mv "$OUT/seed-shape-probe.json" "$OUT/seed-shape-probe-fa3-failed.json" 2>/dev/null || true
+        probe_on triton
     fi
-    # The zero-acceptance probe the advisor reads its cycle costs from. SEED_PROBE=twin (the
-    # default): the trained target with the drafter's never-right twin (`sglang-ext
-    # probe-drafter`: its final norm negated, the same cost), so the verify pass routes the
-    # drafts through the target's own router and the MoE fan-out is in the cost (2026-12-03:
-    # the dummy-weight probe missed 0.25-0.47 decode steps of it, and moe_fanout's byte model
-    # said 0.98-1.30); SEED_PROBE=dummy: --load-format dummy, tune adds that model's fan-out.
-    # --profile: one traced batch-1 request per server splits the cycle (trace_breakdown).
-    rm -rf "$MLA/wide-drafter-probe"
-    probe=(--server-args "--load-format dummy")
-    if [ "${SEED_PROBE:-twin}" = twin ] && python3 -m sglang_ext.cli probe-drafter \
-        "$MLA/wide-drafter" "$MLA/wide-drafter-probe" 2>&1 | tee -a "$OUT/bench.log"; then
-        probe=(--drafter "$MLA/wide-drafter-probe")
-    fi
-    wide --batches 1 --rounds 2 --batch1-requests 8 "${probe[@]}" --log-dir "$LOGS/probe" \
-        --profile --attention-backend "$backend" --out-json "$OUT/seed-shape-probe.json" 2>&1 \
-        | tee -a "$OUT/bench.log" || true
     # (spec-*: the main drafter's servers; the converted pair's records are another drafter)
     python3 -m sglang_ext.cli tune "$LOGS"/acceptance/spec-*.jsonl --costs "$OUT/seed-shape-probe.json" \
         --target-config "$MLA/wide-target/config.json" --against "$OUT/seed-shape.json" --json \
