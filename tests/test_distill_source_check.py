@@ -155,3 +155,24 @@ def test_committed_distill_source_result_is_consistent():
     assert set(result["drafters"]) == {
         f"{arm}-seed{n}" for arm in (old.baseline, old.candidate) for n in seeds
     }
+
+
+def test_committed_target_corpus_result_is_consistent():
+    path = ROOT / "tests/results/target-corpus-2026-12-03-cpu.json"
+    result = json.loads(path.read_text())
+    assert result["command"].startswith(f"python -m {rc.MODULE} --comparison target-corpus")
+    tau, seeds = result["tau"], result["setting"]["seeds"]
+    assert result["ratio"] == pytest.approx(tau["wide"] / tau["stdlib"], abs=2e-4)
+    lo, hi = result["ratio_ci95"]
+    assert lo <= result["ratio"] <= hi
+    for seed in seeds:
+        per_seed = result["tau_per_seed"][str(seed)]
+        assert result["ratio_per_seed"][str(seed)] == pytest.approx(
+            per_seed["wide"] / per_seed["stdlib"], abs=2e-4
+        )
+    targets = result["targets"]
+    assert set(targets) == {f"{arm}-seed{n}" for arm in ("stdlib", "wide") for n in seeds}
+    # the regimes asked for: the stdlib target recites (~12 epochs), the wide one does not
+    assert all(targets[f"stdlib-seed{n}"]["epochs"] >= 10 for n in seeds)
+    assert all(2 <= targets[f"wide-seed{n}"]["epochs"] <= 4 for n in seeds)
+    assert all(t["bench_prompts_in_training_text"] == 0 for t in targets.values())
