@@ -1,4 +1,6 @@
-"""fixtures.distill_source_check's arithmetic, and its committed CPU result read back."""
+"""fixtures.recipe_check (and distill_source_check, its first command): the recipe table,
+the wide corpus's selection from site-packages, the arithmetic, and the committed CPU
+results read back."""
 
 from __future__ import annotations
 
@@ -8,28 +10,139 @@ from pathlib import Path
 import pytest
 
 from sglang_ext_tools.fixtures import distill_source_check as dsc
+from sglang_ext_tools.fixtures import recipe_check as rc
+from sglang_ext_tools.fixtures.common import distill_split, heldout_split
+from sglang_ext_tools.fixtures.data import COPY_LINE_LEN, site_packages_sources
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_recipe_tables_are_consistent():
+    rc.check_tables()
+    old = rc.COMPARISONS["distill-source"]
+    assert (old.baseline, old.candidate) == ("train", "split")
+    # the 2026-12-02 check: one shared stdlib target, only the distillation prompts differ
+    train, split = rc.RECIPES["train"], rc.RECIPES["split"]
+    assert not train.target_per_seed and not split.target_per_seed
+    assert (train.target_corpus, split.target_corpus) == ("stdlib", "stdlib")
+    assert (train.distill_prompts, split.distill_prompts) == ("train", "split")
+    new = rc.COMPARISONS["target-corpus"]
+    stdlib, wide = rc.RECIPES[new.baseline], rc.RECIPES[new.candidate]
+    # a fair pair: a target per seed on both sides, the same distillation prompts; only the
+    # corpus (and with it the epochs) differs
+    assert stdlib.target_per_seed and wide.target_per_seed
+    assert stdlib.distill_prompts == wide.distill_prompts == "split"
+    assert (stdlib.target_corpus, stdlib.corpus_scale) == ("stdlib", 1.0)
+    assert (wide.target_corpus, wide.corpus_scale) == ("stdlib+site-packages", 4.0)
+
+
+def test_check_tables_names_the_bad_row(monkeypatch):
+    bad = rc.Recipe("odd", "pypi", 1.0, "split", True, "")
+    monkeypatch.setitem(rc.RECIPES, "odd", bad)
+    with pytest.raises(ValueError, match="recipe 'odd': target_corpus 'pypi'"):
+        rc.check_tables()
+    monkeypatch.setitem(rc.RECIPES, "odd", rc.Recipe("odd", "stdlib", 2.0, "split", True, ""))
+    with pytest.raises(ValueError, match="corpus_scale 2.0"):
+        rc.check_tables()
+    monkeypatch.delitem(rc.RECIPES, "odd")
+    monkeypatch.setitem(
+        rc.COMPARISONS, "x", rc.Comparison("x", "stdlib", "nope", "", 1, 1, 1, 1, 1)
+    )
+    with pytest.raises(ValueError, match=r"comparison 'x': no recipe named \['nope'\]"):
+        rc.check_tables()
+
+
+def test_epochs_is_tokens_seen_over_corpus_tokens():
+    # 400 steps x 32 x 128 = 1 638 400 tokens
+    assert rc.epochs(400, 163_840) == pytest.approx(10.0)
+
+
+def _first(rule, exclude=()):
+    return next(
+        f"pkg/m{i}.py"
+        for i in range(10_000)
+        if rule(f"pkg/m{i}.py") and f"pkg/m{i}.py" not in exclude
+    )
+
+
+def _site_tree(tmp_path: Path) -> tuple[Path, list[tuple[str, str]]]:
+    """A fake site-packages: ordinary files, and one of each kind that must stay out."""
+    root = tmp_path / "site-packages"
+
+    def kept(rel):
+        return not heldout_split(rel) and not distill_split(rel)
+
+    reserved_text = "\n".join(f"reserved_line_{i}_{'x' * COPY_LINE_LEN}" for i in range(20))
+    names = [f"pkg/m{i}.py" for i in range(10_000) if kept(f"pkg/m{i}.py")][:40]
+    files = {rel: f"def f{i}():\n    return {i}  # {'y' * 30}\n" for i, rel in enumerate(names)}
+    files[_first(heldout_split)] = "held = 'out by path'\n"
+    files[_first(distill_split, files)] = "split = 'by path'\n"
+    files["vendor/exact_copy.py"] = reserved_text
+    # a vendored backport: mostly the reserved file's lines, a few of its own
+    files["vendor/near_copy.py"] = reserved_text + "\n" + f"own_{'z' * COPY_LINE_LEN}\n"
+    files["pkg/generated.py"] = "t = " + "1" * 2_100 + "\n"
+    files["pkg/__pycache__/m0.py"] = "cached = 1\n"
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root, [("stdlib/reserved.py", reserved_text)]
+
+
+def test_site_packages_selection(tmp_path):
+    root, reserved = _site_tree(tmp_path)
+
+    def select(budget):
+        return site_packages_sources(budget, reserved, root=root, max_file_chars=2_000)
+
+    everything = select(10**9)
+    rels = [rel for rel, _ in everything]
+    assert rels == sorted(rels) and len(rels) == 40
+    assert not any(heldout_split(r) or distill_split(r) for r in rels)
+    assert not {"vendor/exact_copy.py", "vendor/near_copy.py", "pkg/generated.py"} & set(rels)
+    assert not any("__pycache__" in r for r in rels)
+    # the copies go for what they copy: with nothing reserved they are ordinary files
+    unreserved = site_packages_sources(10**9, [], root=root, max_file_chars=2_000)
+    assert {"vendor/exact_copy.py", "vendor/near_copy.py"} <= {r for r, _ in unreserved}
+    budget = 1_000
+    chosen = select(budget)
+    assert chosen == select(budget) and 0 < len(chosen) < len(everything)
+    total = sum(len(t) for _, t in chosen)
+    # up to the budget, and it stopped only where the next file would have passed it
+    assert total <= budget < total + max(len(t) for _, t in everything)
+
+
+def test_tau_ratio_pairs_prompts_across_seeds():
+    base = {11: [(4, 4), (2, 4), (8, 4), (0, 4)], 12: [(2, 4), (2, 4), (6, 4), (0, 4)]}
+    cand = {11: [(6, 4), (4, 4), (8, 4), (2, 4)], 12: [(2, 4), (4, 4), (6, 4), (4, 4)]}
+    out = rc.tau_ratio({"a": base, "b": cand}, "a", "b")
+    assert out["ratio"] == pytest.approx(round((36 + 32) / (30 + 26), 4))
+    assert out["ratio_per_seed"] == {11: round(36 / 30, 4), 12: round(32 / 26, 4)}
+    assert out["ratio_seed_range"] == [round(36 / 30, 4), round(32 / 26, 4)]
+    lo, hi = out["ratio_ci95"]
+    assert lo <= out["ratio"] <= hi
+    with pytest.raises(ValueError, match="one row per prompt"):
+        rc.tau_ratio({"a": base, "b": {**cand, 12: cand[12][:-1]}}, "a", "b")
+    with pytest.raises(ValueError, match="seeds differ"):
+        rc.tau_ratio({"a": base, "b": {11: cand[11]}}, "a", "b")
 
 
 def test_pooled_tau_is_evaluate_taus_tau():
     # (accepted, cycles) per prompt, pooled: (accepted + cycles) / cycles over all prompts
     rows = [(6, 4), (0, 10)]
-    assert dsc.pooled_tau(rows) == pytest.approx((6 + 0 + 4 + 10) / 14)
+    assert rc.pooled_tau(rows) == pytest.approx((6 + 0 + 4 + 10) / 14)
 
 
-def test_tau_ratio_pairs_the_prompts():
-    train = [(4, 4), (2, 4), (8, 4), (0, 4)]
-    split = [(6, 4), (4, 4), (8, 4), (2, 4)]
-    out = dsc.tau_ratio({"train": train, "split": split})
-    assert out["ratio"] == pytest.approx(round((36 / 16) / (30 / 16), 4))
-    lo, hi = out["ratio_ci95"]
-    assert lo <= out["ratio"] <= hi
-    with pytest.raises(ValueError):
-        dsc.tau_ratio({"train": train, "split": split[:-1]})
+def test_old_command_still_parses(tmp_path, capsys):
+    # the documented arguments of distill_source_check; stops before any training
+    taken = tmp_path / "taken.json"
+    taken.write_text("{}")
+    argv = ["--out", str(tmp_path), "--json", str(taken), "--seeds", "11", "12"]
+    with pytest.raises(SystemExit):
+        dsc.main([*argv, "--target-steps", "600", "--char-budget", "1200000"])
+    assert "distill_source_check" in capsys.readouterr().err
 
 
-def test_committed_result_is_consistent():
+def test_committed_distill_source_result_is_consistent():
     path = ROOT / "tests/results/distill-source-2026-12-02-cpu.json"
     result = json.loads(path.read_text())
     assert result["command"].startswith("python -m sglang_ext_tools.fixtures.distill_source_check")
@@ -38,4 +151,28 @@ def test_committed_result_is_consistent():
     lo, hi = result["ratio_ci95"]
     assert lo <= result["ratio"] <= hi
     seeds = result["setting"]["seeds"]
-    assert set(result["drafters"]) == {f"{s}-seed{n}" for s in dsc.SOURCES for n in seeds}
+    old = rc.COMPARISONS["distill-source"]
+    assert set(result["drafters"]) == {
+        f"{arm}-seed{n}" for arm in (old.baseline, old.candidate) for n in seeds
+    }
+
+
+def test_committed_target_corpus_result_is_consistent():
+    path = ROOT / "tests/results/target-corpus-2026-12-03-cpu.json"
+    result = json.loads(path.read_text())
+    assert result["command"].startswith(f"python -m {rc.MODULE} --comparison target-corpus")
+    tau, seeds = result["tau"], result["setting"]["seeds"]
+    assert result["ratio"] == pytest.approx(tau["wide"] / tau["stdlib"], abs=2e-4)
+    lo, hi = result["ratio_ci95"]
+    assert lo <= result["ratio"] <= hi
+    for seed in seeds:
+        per_seed = result["tau_per_seed"][str(seed)]
+        assert result["ratio_per_seed"][str(seed)] == pytest.approx(
+            per_seed["wide"] / per_seed["stdlib"], abs=2e-4
+        )
+    targets = result["targets"]
+    assert set(targets) == {f"{arm}-seed{n}" for arm in ("stdlib", "wide") for n in seeds}
+    # the regimes asked for: the stdlib target recites (~12 epochs), the wide one does not
+    assert all(targets[f"stdlib-seed{n}"]["epochs"] >= 10 for n in seeds)
+    assert all(2 <= targets[f"wide-seed{n}"]["epochs"] <= 4 for n in seeds)
+    assert all(t["bench_prompts_in_training_text"] == 0 for t in targets.values())
