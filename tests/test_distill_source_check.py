@@ -176,3 +176,57 @@ def test_committed_target_corpus_result_is_consistent():
     assert all(targets[f"stdlib-seed{n}"]["epochs"] >= 10 for n in seeds)
     assert all(2 <= targets[f"wide-seed{n}"]["epochs"] <= 4 for n in seeds)
     assert all(t["bench_prompts_in_training_text"] == 0 for t in targets.values())
+
+
+def test_text_stats_tells_a_loop_from_varied_text():
+    loop = [7, 8, 9] * 20
+    varied = list(range(60))
+    stats = rc.text_stats([loop])
+    assert stats["repeated_ngram_fraction"] == pytest.approx(54 / 57, abs=1e-4)
+    assert stats["distinct_token_fraction"] == pytest.approx(3 / 60, abs=1e-4)
+    assert rc.text_stats([varied]) == {
+        "ngram": 4,
+        "repeated_ngram_fraction": 0.0,
+        "distinct_token_fraction": 1.0,
+    }
+    pooled = rc.text_stats([loop, varied])  # n-grams pooled, distinct fractions averaged
+    assert pooled["repeated_ngram_fraction"] == pytest.approx(54 / 114, abs=1e-4)
+    assert pooled["distinct_token_fraction"] == pytest.approx((3 / 60 + 1) / 2, abs=1e-4)
+
+
+def test_rescored_target_corpus_result_is_the_run_plus_its_greedy_text():
+    """The rescore ran the committed run's drafters again from its scratch folder: tau came
+    out as recorded (it stops otherwise), and each drafter gained its target's greedy-text
+    repetition; nothing else changed."""
+    base = json.loads((ROOT / "tests/results/target-corpus-2026-12-03-cpu.json").read_text())
+    rescored = json.loads(
+        (ROOT / "tests/results/target-corpus-2026-12-03-cpu-rescored.json").read_text()
+    )
+    assert rescored["rescored"]["tau_reproduced"] is True
+    assert "--rescore tests/results/target-corpus-2026-12-03-cpu.json" in (
+        rescored["rescored"]["command"]
+    )
+    stripped = {k: v for k, v in rescored.items() if k != "rescored"}
+    stripped["drafters"] = {
+        k: {f: x for f, x in v.items() if f != "greedy_text"}
+        for k, v in rescored["drafters"].items()
+    }
+    assert stripped == base
+    for drafter in rescored["drafters"].values():
+        text = drafter["greedy_text"]
+        assert 0 <= text["repeated_ngram_fraction"] <= 1
+        assert 0 < text["distinct_token_fraction"] <= 1
+
+
+def test_rescore_refuses_a_drafter_whose_tau_differs(tmp_path, monkeypatch):
+    result = json.loads((ROOT / "tests/results/target-corpus-2026-12-03-cpu.json").read_text())
+    shared = rc.Shared(None, [], [], {}, [[1, 2, 3]], ["x"])
+    monkeypatch.setattr(rc, "shared_data", lambda *a: shared)
+    monkeypatch.setattr(rc.ref, "load_target", lambda path: path)
+    monkeypatch.setattr(rc.ref, "load_drafter", lambda path: path)
+    monkeypatch.setattr(
+        rc.ref, "evaluate_tau", lambda *a, **k: {"tau": 1.5, "per_prompt": [{"tokens": [1]}]}
+    )
+    refused = r"drafter-stdlib-seed11: tau 1.5000 .* records 2.1495: not the run"
+    with pytest.raises(ValueError, match=refused):
+        rc.rescore(result, tmp_path, 0, tmp_path / "scratch")
