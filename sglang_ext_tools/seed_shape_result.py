@@ -222,7 +222,31 @@ def build(
     }
 
 
+def setting_pairs(bench: dict) -> dict[str, dict[str, Any]]:
+    """Every pair of the main drafter's settings at batch 1 (`A over B`), paired by prompt:
+    what a cut run's measurements still say about their order."""
+    rows = [
+        r
+        for r in bench.get("rows", [])
+        if r.get("batch") == 1 and r.get("spec_tok_s") and r.get("server", "").startswith("spec-")
+    ]
+    out = {}
+    for i, a in enumerate(rows):
+        for b in rows[i + 1 :]:
+            name = f"{a['server'].removeprefix('spec-')} over {b['server'].removeprefix('spec-')}"
+            out[name] = paired_ratio(bench, a, b)
+    return out
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["pairs"]:
+        # python -m sglang_ext_tools.seed_shape_result pairs BENCH.json
+        if len(argv) != 2:
+            print("usage: seed_shape_result pairs BENCH.json", file=sys.stderr)
+            return 2
+        print(json.dumps(setting_pairs(json.loads(Path(argv[1]).read_text())), indent=2))
+        return 0
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--bench", type=Path, required=True, help="bench_speed result, trained pair")
     p.add_argument("--probe", type=Path, required=True, help="bench_speed result, dummy weights")

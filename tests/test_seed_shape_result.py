@@ -134,3 +134,17 @@ def test_the_tuned_moe_config_and_its_predicted_saving_are_recorded(tmp_path):
     plain = tmp_path / "plain.json"
     assert ssr.main(args(tmp_path, plain, RUN_1203, "2026-12-03", "spec-*.jsonl")) == 0
     assert "moe_tuning" not in json.loads(plain.read_text())
+
+
+def test_the_cut_runs_setting_pairs_are_what_its_measurements_give(capsys):
+    """`seed_shape_result pairs`: every two settings of the main drafter at batch 1, paired
+    by prompt; the committed file is that command's output on the committed checkpoint."""
+    run = RESULTS / "seed-shape-2026-12-03-rerun-nvidia-h200-sglang0.5.23"
+    assert ssr.main(["pairs", f"{run}-bench-partial.json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == json.loads(Path(f"{run}-pairs.json").read_text())
+    assert set(printed) == {"3-1-4 over 5-1-6", "3-1-4 over 3-4-5", "5-1-6 over 3-4-5"}
+    for pair in printed.values():
+        lo, hi = pair["ratio_ci95"]
+        assert lo <= pair["ratio"] <= hi and pair["method"] == "paired prompts, bootstrap"
+    assert ssr.main(["pairs"]) == 2
