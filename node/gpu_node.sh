@@ -253,17 +253,20 @@ send_bundle() {
     done
     ls "$OUT"
 }
-# FILE... into $OUT unless an earlier call of this lease returned the same file unchanged
-# (its path, size and mtime in $PACKS/shipped.list): the waits return what rarely changes
-# once, which leaves their 8 files room for ship_parts; DONE resends everything
-ship_once() {
-    local file key
+# Whether an earlier call of this lease returned FILE unchanged: its path, size and mtime
+# are in $PACKS/shipped.list (ship_once writes them)
+shipped() {
     touch "$PACKS/shipped.list"
+    grep -qxF "$1 $(stat -c '%s %Y' "$1")" "$PACKS/shipped.list"
+}
+# FILE... into $OUT unless shipped: the waits return what rarely changes once, which leaves
+# their 8 files room for ship_parts; DONE (SHIP_ALL=1) resends everything
+ship_once() {
+    local file
     for file in "$@"; do
         [ -f "$file" ] || continue
-        key="$file $(stat -c '%s %Y' "$file")"
-        if [ "${SHIP_ALL:-0}" = 1 ] || ! grep -qxF "$key" "$PACKS/shipped.list"; then
-            cp "$file" "$OUT"/ && echo "$key" >>"$PACKS/shipped.list"
+        if [ "${SHIP_ALL:-0}" = 1 ] || ! shipped "$file"; then
+            cp "$file" "$OUT"/ && echo "$file $(stat -c '%s %Y' "$file")" >>"$PACKS/shipped.list"
         fi
     done
 }
@@ -278,7 +281,7 @@ ship_parts() {
             break
         fi
         case $part in */manifest.json) ship_once "$part"; continue ;; esac
-        if ! grep -qxF "$part $(stat -c '%s %Y' "$part")" "$PACKS/shipped.list"; then
+        if ! shipped "$part"; then
             ship_once "$part"
             parts=$((parts + 1))
         fi
