@@ -406,11 +406,13 @@ def summarize_measurement(results: Sequence[RequestResult], wall_s: float) -> di
     spec = [r for r in ok if r.acceptance.verify_steps]
     verify = sum(r.acceptance.verify_steps for r in spec)
     tpots = [r.tpot_s for r in ok if r.tpot_s is not None]
+    ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
     return {
         "tokens": tokens,
         "wall_s": round(wall_s, 4),
         "tok_s": round(tokens / wall_s, 3) if tokens and wall_s > 0 else None,
         "tpot_ms": round(1000 * statistics.fmean(tpots), 4) if tpots else None,
+        "ttft_ms": round(1000 * statistics.fmean(ttfts), 4) if ttfts else None,
         "verify": verify or None,
         "verify_tokens": sum(r.completion_tokens or 0 for r in spec),
         "tau": round(sum(r.completion_tokens or 0 for r in spec) / verify, 4) if verify else None,
@@ -436,6 +438,7 @@ def aggregate(measurements: Sequence[Mapping[str, Any]]) -> dict[tuple[str, int]
         verify = sum(m.get("verify") or 0 for m in timed)
         vtokens = sum(m.get("verify_tokens") or 0 for m in timed if m.get("verify"))
         tpots = [m["tpot_ms"] for m in timed if m.get("tpot_ms") is not None]
+        ttfts = [m["ttft_ms"] for m in timed if m.get("ttft_ms") is not None]
         out[key] = {
             "tok_s": statistics.median(toks),
             "tok_s_min": min(toks),
@@ -445,9 +448,19 @@ def aggregate(measurements: Sequence[Mapping[str, Any]]) -> dict[tuple[str, int]
             "latency_rounds": [m.get("latency_s") or [] for m in timed],
             "tau": vtokens / verify if verify else None,
             "tpot_ms": statistics.median(tpots) if tpots else None,
+            "ttft_ms": statistics.median(ttfts) if ttfts else None,
             "errors": sum(m.get("errors", 0) for m in ms),
         }
     return out
+
+
+def decode_cycle(tau: float | None, run: Mapping[str, Any], base: Mapping[str, Any]):
+    """One verify cycle in decode steps from the time per output token after the first:
+    ``tau x spec TPOT / no-spec TPOT`` (None without TPOTs: a run without streaming)."""
+    spec, nospec = run.get("tpot_ms"), base.get("tpot_ms")
+    if tau is None or not spec or not nospec:
+        return None
+    return tau * spec / nospec
 
 
 def per_prompt_times(latency_rounds: Sequence[Sequence[float | None]]) -> list[float | None]:
@@ -606,7 +619,14 @@ def build_rows(
                     ),
                     "nospec_tpot_ms": _r(base.get("tpot_ms"), 3),
                     "spec_tpot_ms": _r(run.get("tpot_ms"), 3),
+                    # the first token's time (prefill, the request's way in and out): a
+                    # request's fixed part, which the tok/s speedup weighs tau-fold in its
+                    # cycle (sglang_ext.cli.tune's request model)
+                    "nospec_ttft_ms": _r(base.get("ttft_ms"), 3),
+                    "spec_ttft_ms": _r(run.get("ttft_ms"), 3),
                     "cycle_cost_decode_steps": _r(_ratio(1.0, eta)),
+                    # the cycle after the first token: tau x spec TPOT / no-spec TPOT
+                    "decode_cycle_cost": _r(decode_cycle(tau, run, base)),
                     "errors": run.get("errors", 0) + base.get("errors", 0),
                     "status": status,
                     "rounds": per_round,

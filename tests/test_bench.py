@@ -530,6 +530,8 @@ class _Replay(http.server.BaseHTTPRequestHandler):
     slowdown = staticmethod(lambda: 1.0)  # the machine's state now: multiplies delay_s
     arrivals: list = []  # (server name, time): shared by servers to see the order
     name = ""
+    ids_only = False  # stream chunks as a --skip-tokenizer-init server does: output_ids, no text
+    chunk_gap_s = 0.0  # between a stream's chunks: the decode time after the first token
 
     def log_message(self, *a):  # quiet
         pass
@@ -568,18 +570,25 @@ class _Replay(http.server.BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
-        for chunk in _stream_chunks(key, resp):
+        for n, chunk in enumerate(_stream_chunks(key, resp, self.ids_only)):
+            if n:
+                time.sleep(self.chunk_gap_s)
             self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
             self.wfile.flush()
         self.wfile.write(b"data: [DONE]\n\n")
 
 
-def _stream_chunks(key, resp):
+def _stream_chunks(key, resp, ids_only=False):
     if key == "generate":
         meta = resp["meta_info"]
         partial = {
             k: v for k, v in meta.items() if not k.startswith("spec_") and k != "e2e_latency"
         }
+        if ids_only:  # --skip-tokenizer-init: token ids, no text
+            n = meta["completion_tokens"]
+            yield {"output_ids": [7], "meta_info": {**partial, "completion_tokens": 1}}
+            yield {"output_ids": list(range(7, 7 + n)), "meta_info": meta}
+            return
         yield {"text": resp["text"][:3], "meta_info": {**partial, "completion_tokens": 1}}
         yield resp
     else:
@@ -689,6 +698,38 @@ def test_client_io_against_local_replay_server(stub_servers, tmp_path, capsys, a
         assert acc["sources"] == ["sglang"]
     else:
         assert acc["sources"] == ["sglang_ext"]
+
+
+def test_ttft_of_a_server_that_streams_token_ids(recorded, tmp_path):
+    """bench_speed's servers run --skip-tokenizer-init: their chunks carry output_ids and no
+    text, where SGLang's request function looks for the first token. The first token's time
+    is taken from the first chunk that brings tokens, so a request's TTFT and TPOT exist:
+    the decode time is what follows the first chunk (chunk_gap_s here)."""
+    replayed = pick(recorded, "sglang-0.5.23+sglang_ext", "generate")
+    rows = {"generate": [r["response"] for r in replayed]}
+    srv, _, url = _serve(rows, {"version": "0.5.23"}, ids_only=True, chunk_gap_s=0.3)
+    try:
+        out = tmp_path / "r.json"
+        argv = ["--url", url, "--num-requests", "2", "--concurrency", "1", "--warmup", "0",
+                "--max-new-tokens", "64", "--out", str(out), "--no-progress",
+                "--per-request"]  # fmt: skip
+        assert b.main(argv) == 0
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    for r in json.loads(out.read_text())["requests"]:
+        assert r["ttft_s"] is not None and r["tpot_s"] is not None
+        assert r["latency_s"] - r["ttft_s"] >= 0.29  # the gap after the first chunk
+        assert r["ttft_s"] < 0.29
+
+
+def test_carries_tokens():
+    assert b.carries_tokens({"output_ids": [1]}) and b.carries_tokens({"text": "a"})
+    assert b.carries_tokens({"choices": [{"text": "a"}]})
+    assert b.carries_tokens({"choices": [{"delta": {"content": "a"}}]})
+    assert b.carries_tokens([{"output_ids": [1]}])
+    for empty in ({"output_ids": [], "meta_info": {}}, {"text": ""}, {"choices": []}, None, 3):
+        assert not b.carries_tokens(empty)
 
 
 def test_speedup_interval_at_concurrency_1_matches_the_printed_speedup(recorded, tmp_path, capsys):

@@ -202,10 +202,39 @@ def _parse_body_line(line: bytes) -> Any:
         return None
 
 
+def carries_tokens(obj: Any) -> bool:
+    """Whether a response object (a stream chunk) brings output tokens: ``text`` or, from a
+    server started with ``--skip-tokenizer-init``, ``output_ids`` (/generate), or a choice's
+    text or delta (/v1/completions)."""
+    if isinstance(obj, list):
+        return any(carries_tokens(o) for o in obj)
+    if not isinstance(obj, dict):
+        return False
+    if obj.get("text") or obj.get("output_ids"):
+        return True
+    for choice in obj.get("choices") or []:
+        if isinstance(choice, dict) and (
+            choice.get("text") or (choice.get("delta") or {}).get("content")
+        ):
+            return True
+    return False
+
+
 @dataclass
 class _Capture:
     status: int | None = None
     objects: list[Any] = field(default_factory=list)
+    # perf_counter() when the request was sent and when the first chunk with tokens came:
+    # SGLang's request function times the first token only from a chunk's "text", which a
+    # --skip-tokenizer-init server (bench_speed's) never sends
+    sent_at: float | None = None
+    first_token_at: float | None = None
+
+    @property
+    def ttft(self) -> float | None:
+        if self.sent_at is None or self.first_token_at is None:
+            return None
+        return self.first_token_at - self.sent_at
 
 
 _CAPTURE: contextvars.ContextVar[_Capture | None] = contextvars.ContextVar(
@@ -254,6 +283,8 @@ class _TeeResponse:
             obj = _parse_body_line(line)
             if obj is not None:
                 self._capture.objects.append(obj)
+                if self._capture.first_token_at is None and carries_tokens(obj):
+                    self._capture.first_token_at = time.perf_counter()
             if not (isinstance(obj, dict) and obj.get("choices") == []):
                 yield line
 
@@ -292,6 +323,7 @@ async def _request(serving, spec: RequestSpec, prompt: Prompt, index: int, npos:
     )  # fmt: skip
     capture = _Capture()
     token = _CAPTURE.set(capture)
+    capture.sent_at = time.perf_counter()
     try:
         out = await asyncio.wait_for(func(request), spec.timeout)
     except TimeoutError:
@@ -320,7 +352,7 @@ async def _request(serving, spec: RequestSpec, prompt: Prompt, index: int, npos:
         response = {}
         for o in objs:
             normalise_openai(o, response)
-    ttft = out.ttft if spec.stream and out.ttft else None
+    ttft = (out.ttft or capture.ttft) if spec.stream else None
     return make_result(index, response, out.latency, ttft, npos)
 
 
