@@ -239,3 +239,74 @@ def test_fanout_from_a_deepseek_config():
         MoeFanout.from_config({**kimi, "moe_intermediate_size": "2048"}, "kimi.json")
     with pytest.raises(FanoutConfigError, match="tensor parallelism 3"):
         MoeFanout.from_config(kimi, "kimi.json", tp=3)
+
+
+# ------------------------------------------------------------------ the request model
+
+
+def probe_result(**row_extra):
+    """A bench_speed probe of 101-token requests: no speculation 10 ms a step after a 100 ms
+    first token (1,100 ms a request); 3/1/4 at one token a cycle of 1.5 steps (1,600 ms)."""
+    row = {"batch": 1, "steps": 3, "topk": 1, "draft_tokens": 4, "drafter": t.BENCH_MAIN_DRAFTER,
+           "nospec_tok_s": 101 / 1.1, "spec_tok_s": 101 / 1.6, "tau": 1.0,
+           "cycle_cost_decode_steps": 1.6 / 1.1, **row_extra}  # fmt: skip
+    return {"rows": [row], "max_new_tokens": 101}
+
+
+def test_the_request_model_from_the_no_speculation_trace():
+    data = probe_result() | {"profiles": {"nospec": {"steady": {"per_cycle_ms": {"total": 10.0}}}}}
+    costs = t.read_cost_file(data, "probe.json")
+    request = costs.request
+    assert request.nospec_first_ms == pytest.approx(100.0) and request.step_ms == 10.0
+    assert costs.by_setting[t.Setting(3, 1, 4)] == pytest.approx(1.5)  # not 1.6 / 1.1
+    # a served run at tau 3: 100 + 100 x 10 x 1.5 / 3 = 600 ms against 1,100
+    assert request.speedup("3/1/4", 3.0, 1.5) == pytest.approx(1100 / 600)
+    assert request.cycle("3/1/4", 3.0, 101 / 0.6) == pytest.approx(1.5)
+    # long outputs: the first token fades, the speedup goes to tau / cycle
+    assert request.at(100_000).speedup("3/1/4", 3.0, 1.5) == pytest.approx(2.0, abs=1e-3)
+    whole = t.read_cost_file(data, "probe.json", split_first_token=False)
+    assert whole.request is None
+    assert whole.by_setting[t.Setting(3, 1, 4)] == pytest.approx(1.6 / 1.1)
+
+
+def test_the_request_model_from_measured_first_tokens():
+    data = probe_result(nospec_tpot_ms=10.0, nospec_ttft_ms=90.0, spec_ttft_ms=120.0,
+                        decode_cycle_cost=1.45)  # fmt: skip
+    costs = t.read_cost_file(data, "probe.json")
+    assert costs.request.source.startswith("measured")
+    assert costs.request.first_ms == {"3/1/4": 120.0} and costs.request.nospec_first_ms == 90.0
+    assert costs.by_setting[t.Setting(3, 1, 4)] == 1.45
+    advice = t.advise({t.Setting(3, 1, 4): {"tau": 3.0, "requests": 4, "per_position": []}},
+                      costs.by_setting, None, costs.request)  # fmt: skip
+    row = advice["rows"][0]
+    assert row["speedup"] == pytest.approx((90 + 1000) / (120 + 1000 * 1.45 / 3))
+    assert row["decode_speedup"] == pytest.approx(3 / 1.45)
+    assert advice["request"]["output_tokens"] == 101
+
+
+def test_no_request_model_without_first_tokens_or_a_trace(capsys, tmp_path):
+    costs = t.read_cost_file(probe_result(), "probe.json")
+    assert costs.request is None
+    assert costs.by_setting[t.Setting(3, 1, 4)] == pytest.approx(1.6 / 1.1)
+    records = tmp_path / "a.jsonl"
+    records.write_text("".join(json.dumps(r) + "\n" for r in CHAIN))
+    path = tmp_path / "probe.json"
+    path.write_text(json.dumps(probe_result()))
+    assert main(["tune", str(records), "--costs", str(path)]) == 0
+    assert "the probe has no first-token time" in capsys.readouterr().out
+
+
+def test_output_tokens_sets_the_request_length(capsys, tmp_path):
+    records = tmp_path / "a.jsonl"
+    records.write_text("".join(json.dumps(r) + "\n" for r in CHAIN))
+    data = probe_result() | {"profiles": {"nospec": {"steady": {"per_cycle_ms": {"total": 10.0}}}}}
+    path = tmp_path / "probe.json"
+    path.write_text(json.dumps(data))
+    runs = {}
+    for n in (101, 4000):
+        argv = ["tune", str(records), "--costs", str(path), "--json", "--output-tokens", str(n)]
+        assert main(argv) == 0
+        runs[n] = json.loads(capsys.readouterr().out)
+    short, long = (next(r for r in runs[n]["rows"] if r["setting"] == "3/1/4") for n in runs)
+    assert short["speedup"] < long["speedup"] < long["decode_speedup"]
+    assert runs[4000]["request"]["output_tokens"] == 4000

@@ -120,6 +120,12 @@ def build_parser(json_errors: bool = False) -> argparse.ArgumentParser:
     tune.add_argument(
         "--tp", type=int, default=1, help="the target's tensor parallelism (with --target-config)"
     )
+    tune.add_argument(
+        "--output-tokens",
+        type=int,
+        help="predict whole requests of this many output tokens (default: the probe's "
+        "--max-new-tokens), each with its first token's time, where the probe measured it",
+    )
     tune.add_argument("--json", action="store_true", help="machine-readable advice")
 
     sub.add_parser(

@@ -42,6 +42,7 @@ from typing import Any
 
 from sglang_ext.cli import exit_codes
 from sglang_ext.cli.moe_fanout import FanoutConfigError, MoeFanout
+from sglang_ext.cli.request_time import RequestTime, from_probe
 from sglang_ext.metrics.acceptance import pooled_per_position, sglang_aggregate
 
 
@@ -177,6 +178,9 @@ class Costs:
 
     by_setting: dict[Setting, float]
     dummy_target: bool | None
+    # a bench_speed probe's split of a request into its first token and its cycles
+    # (sglang_ext.cli.request_time); None: the costs are whole cycles, F = 0
+    request: RequestTime | None = None
 
     @property
     def has_fanout(self) -> bool:
@@ -194,21 +198,30 @@ def read_costs_from(data: Any, path: str = "<costs>") -> dict[Setting, float]:
     return read_cost_file(data, path).by_setting
 
 
-def read_cost_file(data: Any, path: str = "<costs>") -> Costs:
-    dummy = None
+def read_cost_file(data: Any, path: str = "<costs>", split_first_token: bool = True) -> Costs:
+    """The costs in a file; from a bench_speed probe, with each request's first token taken
+    out of its cycles where the probe allows it (``split_first_token``; see request_time),
+    else each row's whole cycle, ``tau x nospec tok/s / spec tok/s``."""
+    dummy, request = None, None
     if is_bench_result(data):
         extra = data.get("server_extra_args") or ""
         extra = " ".join(map(str, extra)) if isinstance(extra, list) else str(extra)
         dummy = bool(DUMMY_LOAD.search(extra))
-        data = {  # a bench_speed result: each row's measured cycle cost
+        rows = bench_rows(data, path)
+        request, cycles = (
+            from_probe(data, {s.label: row for s, row in rows.items()})
+            if split_first_token
+            else (None, {})
+        )
+        data = {  # a bench_speed result: each row's cycle, its first token's part taken out
             "settings": [
                 {
                     "steps": s.steps,
                     "topk": s.topk,
                     "draft_tokens": s.draft_tokens,
-                    "cycle_cost": row.get("cycle_cost_decode_steps"),
+                    "cycle_cost": cycles.get(s.label, row.get("cycle_cost_decode_steps")),
                 }
-                for s, row in bench_rows(data, path).items()
+                for s, row in rows.items()
             ]
         }
     rows = data.get("settings") if isinstance(data, dict) else None
@@ -232,16 +245,18 @@ def read_cost_file(data: Any, path: str = "<costs>") -> Costs:
                 f"cycle; a cycle cannot cost less than the step it verifies), found {cost!r}"
             )
         costs[setting] = float(cost)
-    return Costs(costs, dummy)
+    return Costs(costs, dummy, request)
 
 
 def advise(
     found: Mapping[Setting, Mapping[str, Any]],
     costs: Mapping[Setting, float],
     fanout: MoeFanout | None = None,
+    request: RequestTime | None = None,
 ) -> dict:
     """One row per costed setting (tau measured, predicted or None), best first; ``fanout``
-    adds an MoE target's verify fan-out to costs probed on dummy weights."""
+    adds an MoE target's verify fan-out to costs probed on dummy weights; ``request``: the
+    speedup is of whole requests of its length (first token included), else per cycle."""
     chains = [s for s in found if s.is_chain]
     base = max(chains, key=lambda s: s.steps) if chains else None
     rows = []
@@ -255,12 +270,19 @@ def advise(
             source = f"predicted from chain {base.label}"
         else:
             tau, source = None, "not predicted: serve it once (no records of this tree)"
+        if tau is None:
+            speedup = None
+        elif request is not None:
+            speedup = request.speedup(setting.label, tau, cost)
+        else:
+            speedup = tau / cost
         rows.append(
             {
                 "setting": setting.label,
                 "tau": tau,
                 "cycle_cost": cost,
-                "speedup": tau / cost if tau is not None else None,
+                "speedup": speedup,
+                "decode_speedup": tau / cost if tau is not None else None,
                 "eta": 1.0 / cost,
                 "tau_source": source,
                 "probe_cost": probed,
@@ -269,7 +291,16 @@ def advise(
         )
     rows.sort(key=lambda r: (r["speedup"] is None, -(r["speedup"] or 0.0), r["setting"]))
     best = next((r for r in rows if r["speedup"] is not None), None)
-    return {"rows": rows, "recommended": best["setting"] if best else None}
+    out = {"rows": rows, "recommended": best["setting"] if best else None}
+    if request is not None:
+        out["request"] = {
+            "output_tokens": request.tokens,
+            "decode_step_ms": round(request.step_ms, 4),
+            "nospec_first_token_ms": round(request.nospec_first_ms, 3),
+            "first_token_ms": {k: round(v, 3) for k, v in request.first_ms.items()},
+            "source": request.source,
+        }
+    return out
 
 
 def check_against(advice: Mapping[str, Any], measured_rows: Mapping[Setting, Mapping]) -> dict:
@@ -302,15 +333,30 @@ def check_against(advice: Mapping[str, Any], measured_rows: Mapping[Setting, Map
 
 
 def render(advice: Mapping[str, Any]) -> str:
-    lines = [
-        f"{'setting':<10} {'tau':>6} {'cycle':>6} {'speedup':>8} {'eta':>5}  tau from",
-    ]
+    header = ("setting", "tau", "cycle", "speedup", "decode", "eta")
+    lines = [f"{header[0]:<10} {header[1]:>6} {header[2]:>6} {header[3]:>8} {header[4]:>7} "
+             f"{header[5]:>5}  tau from"]  # fmt: skip
     for r in advice["rows"]:
         tau = f"{r['tau']:.3f}" if r["tau"] is not None else "-"
         speed = f"{r['speedup']:.2f}x" if r["speedup"] is not None else "-"
+        decode = r.get("decode_speedup")
+        decode = f"{decode:.2f}x" if decode is not None else "-"
         lines.append(
-            f"{r['setting']:<10} {tau:>6} {r['cycle_cost']:>6.3f} {speed:>8} {r['eta']:>5.2f}  "
-            f"{r['tau_source']}"
+            f"{r['setting']:<10} {tau:>6} {r['cycle_cost']:>6.3f} {speed:>8} {decode:>7} "
+            f"{r['eta']:>5.2f}  {r['tau_source']}"
+        )
+    request = advice.get("request")
+    if request:
+        lines.append(
+            f"speedup: whole requests of {request['output_tokens']} output tokens, each with "
+            f"its first token ({request['nospec_first_token_ms']:.0f} ms without speculation, "
+            f"decode step {request['decode_step_ms']:.2f} ms; from {request['source']}); "
+            "decode: tau / cycle, the long-output limit"
+        )
+    else:
+        lines.append(
+            "speedup: tau / cycle (the probe has no first-token time: requests' fixed part "
+            "is in its cycles, which then run high where tau is high)"
         )
     note = advice.get("costs_note")
     if note:
@@ -367,7 +413,11 @@ def main(args) -> int:
         fanout, note = fanout_for(
             costs, getattr(args, "target_config", None), getattr(args, "tp", 1)
         )
-        advice = advise(measured(read_records(args.acceptance)), costs.by_setting, fanout)
+        request = costs.request
+        tokens = getattr(args, "output_tokens", None)
+        if request is not None and tokens is not None:
+            request = request.at(tokens)
+        advice = advise(measured(read_records(args.acceptance)), costs.by_setting, fanout, request)
         if note:
             advice["costs_note"] = note
         against = getattr(args, "against", None)
