@@ -104,6 +104,19 @@ def moe_tuning(report: dict | None, rows: list[dict]) -> dict[str, Any] | None:
     }
 
 
+def decode_split(costs: tune.Costs, setting: tune.Setting, row: dict) -> dict[str, Any]:
+    """A trained row's cycle and the probe's, each request's first token taken out (the
+    probe's request model; the trained servers' first token taken as the probe's)."""
+    probe = costs.by_setting.get(setting)
+    tau, tok_s = row.get("tau"), row.get("spec_tok_s")
+    trained = costs.request.cycle(setting.label, tau, tok_s) if tau and tok_s else None
+    return {
+        "trained_decode_cycle": round(trained, 4) if trained is not None else None,
+        "probe_decode_cycle": round(probe, 4) if probe is not None else None,
+        "decode_difference": round(trained - probe, 4) if None not in (trained, probe) else None,
+    }
+
+
 def build(
     bench: dict,
     probe: dict,
@@ -113,14 +126,18 @@ def build(
     paths: dict,
     overlap_probe: dict | None = None,
     tune_moe_report: dict | None = None,
+    request_model: bool = True,
 ) -> dict[str, Any]:
     trained = tune.bench_rows(bench, paths["bench"])
-    costs = tune.read_cost_file(probe, paths["probe"])
+    # whole cycles (tau x tok/s ratio) on both sides of the split; the advice takes each
+    # request's first token out of the probe's where it can (request_model)
+    whole = tune.read_cost_file(probe, paths["probe"], split_first_token=False)
+    costs = tune.read_cost_file(probe, paths["probe"], split_first_token=request_model)
     fanout = None if costs.has_fanout else MoeFanout.from_config(config, paths["target_config"])
     probe_key = "probe_cycle" if costs.has_fanout else "dummy_cycle"
     split = {}
     for setting, row in trained.items():
-        probed = costs.by_setting.get(setting)
+        probed = whole.by_setting.get(setting)
         measured = cycle(row)
         split[setting.label] = {
             "trained_cycle": measured,
@@ -132,8 +149,11 @@ def build(
             "distinct_experts_per_layer": round(fanout.distinct_experts(setting.draft_tokens), 3)
             if fanout
             else None,
+            # the same two without each request's first token (the probe's request model):
+            # what a cycle costs once it is not averaged with the prefill
+            **(decode_split(costs, setting, row) if costs.request else {}),
         }
-    advice = tune.advise(tune.measured(records), costs.by_setting, fanout)
+    advice = tune.advise(tune.measured(records), costs.by_setting, fanout, costs.request)
     advice["check"] = tune.check_against(advice, trained)
     chains = [s for s in trained if s.is_chain and trained[s].get("eta") is not None]
     best_chain = max(chains, key=lambda s: trained[s]["speedup"]) if chains else None
@@ -207,6 +227,9 @@ def build(
             else "costs probed on the trained target with the drafter's never-right twin"
             if costs.has_fanout
             else "dummy-probe costs",
+            # each request's first token apart from its cycles (sglang_ext.cli.request_time),
+            # or None: the probe's whole cycles
+            "request": advice.get("request"),
         },
         "goals": {
             "best_chain": best_chain.label if best_chain else None,
@@ -261,6 +284,12 @@ def main(argv=None) -> int:
     p.add_argument(
         "--tune-moe", type=Path, help="tune_moe's report: the fused-MoE config the servers ran"
     )
+    p.add_argument(
+        "--whole-cycles",
+        action="store_true",
+        help="advise on the probe's whole cycles (tau x tok/s ratio, each request's first "
+        "token inside them), as `sglang-ext tune` did before 2026-12-03's fourth run",
+    )
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     if args.out.exists():
@@ -285,6 +314,7 @@ def main(argv=None) -> int:
         paths,
         load(args.overlap_probe) if args.overlap_probe else None,
         load(args.tune_moe) if args.tune_moe else None,
+        request_model=not args.whole_cycles,
     )
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({"advisor": result["advisor"]["check"], "goals": result["goals"]}, indent=1))
