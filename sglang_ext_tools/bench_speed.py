@@ -420,6 +420,13 @@ def summarize_measurement(results: Sequence[RequestResult], wall_s: float) -> di
         "error_samples": [r.error for r in results if not r.ok][:3],
         # in request order (= the plan's prompt order); None for a failed request
         "latency_s": [_r(r.latency_s, 5) if r.ok else None for r in results],
+        # each request's time after its first token (None: failed, or not streamed)
+        "decode_s": [
+            _r(r.latency_s - r.ttft_s, 5)
+            if r.ok and r.ttft_s is not None and r.latency_s is not None
+            else None
+            for r in results
+        ],
     }
 
 
@@ -446,6 +453,7 @@ def aggregate(measurements: Sequence[Mapping[str, Any]]) -> dict[tuple[str, int]
             "tok_s_mean": statistics.fmean(toks),
             "tok_s_rounds": {m["round"]: m["tok_s"] for m in timed},
             "latency_rounds": [m.get("latency_s") or [] for m in timed],
+            "decode_rounds": [m.get("decode_s") or [] for m in timed],
             "tau": vtokens / verify if verify else None,
             "tpot_ms": statistics.median(tpots) if tpots else None,
             "ttft_ms": statistics.median(ttfts) if ttfts else None,
@@ -461,6 +469,17 @@ def decode_cycle(tau: float | None, run: Mapping[str, Any], base: Mapping[str, A
     if tau is None or not spec or not nospec:
         return None
     return tau * spec / nospec
+
+
+def decode_speedup(base: Mapping[str, Any], run: Mapping[str, Any], batch: int):
+    """(speedup, interval) after the first token, batch 1: no-spec TPOT / spec TPOT, and the
+    interval of each prompt's time after its first token, paired (None: no TTFTs)."""
+    point = _ratio(base.get("tpot_ms"), run.get("tpot_ms"))
+    if batch != 1 or point is None:
+        return None, None
+    nospec = per_prompt_times(base.get("decode_rounds", []))
+    spec = per_prompt_times(run.get("decode_rounds", []))
+    return point, bootstrap_ratio_ci(nospec, spec)
 
 
 def per_prompt_times(latency_rounds: Sequence[Sequence[float | None]]) -> list[float | None]:
@@ -579,6 +598,7 @@ def build_rows(
             )
             run, base = run or {}, base or {}
             ci, method = speedup_interval(base, run, b) if run and base else (None, None)
+            decode, decode_ci = decode_speedup(base, run, b) if run and base else (None, None)
             rows.append(
                 {
                     "backend": backend,
@@ -627,6 +647,9 @@ def build_rows(
                     "cycle_cost_decode_steps": _r(_ratio(1.0, eta)),
                     # the cycle after the first token: tau x spec TPOT / no-spec TPOT
                     "decode_cycle_cost": _r(decode_cycle(tau, run, base)),
+                    # the speedup after the first token (long outputs' limit), batch 1
+                    "decode_speedup": _r(decode),
+                    "decode_speedup_ci95": decode_ci,
                     "errors": run.get("errors", 0) + base.get("errors", 0),
                     "status": status,
                     "rounds": per_round,

@@ -136,12 +136,12 @@ def test_same_prompts_per_round_and_batch_across_servers():
 
 
 def _m(server, batch, rnd, tok_s, tokens=1024, verify=None, tpot=None, errors=0, status="ok",
-       ttft=None):
+       ttft=None, decode=None):
     return {
         "round": rnd, "server": server, "batch": batch, "status": status, "tokens": tokens,
         "wall_s": tokens / tok_s if tok_s else None, "tok_s": tok_s, "tpot_ms": tpot,
         "ttft_ms": ttft, "verify": verify, "verify_tokens": tokens if verify else 0,
-        "errors": errors,
+        "errors": errors, "decode_s": decode,
     }
 
 
@@ -152,10 +152,12 @@ STATUSES = {s["name"]: "ready" for s in SPECS} | {"spec-4-4-8": "exited(1)"}
 def _measurements():
     ms = []
     for r, t in enumerate([100, 90, 130]):  # medians differ from means on purpose
-        ms.append(_m("nospec", 1, r, t, tpot=[10.0, 14.0, 9.0][r], ttft=[150.0, 170.0, 140.0][r]))
+        ms.append(_m("nospec", 1, r, t, tpot=[10.0, 14.0, 9.0][r], ttft=[150.0, 170.0, 140.0][r],
+                     decode=[1.2, 1.0, 1.4, 1.1]))  # fmt: skip
         ms.append(_m("nospec", 4, r, 4 * t))
     for r, (t, v) in enumerate([(250, 400), (240, 410), (300, 390)]):
-        ms.append(_m("spec-3-1-4", 1, r, t, verify=v, tpot=4.0 + r * r, ttft=160.0 + r))
+        ms.append(_m("spec-3-1-4", 1, r, t, verify=v, tpot=4.0 + r * r, ttft=160.0 + r,
+                     decode=[0.6, 0.5, 0.7, 0.55 + 0.01 * r]))  # fmt: skip
         ms.append(_m("spec-3-1-4", 4, r, 3 * 4 * [100, 90, 130][r], verify=v, errors=r))
     for r, t in enumerate([280, 330, 290]):
         ms.append(_m("spec-5-1-6", 1, r, t, verify=300))
@@ -205,6 +207,11 @@ def test_rows_speedup_eta_plugin_vs_stock_best_and_goals():
     assert r["nospec_ttft_ms"] == 150.0 and r["spec_ttft_ms"] == 161.0  # medians over rounds
     assert r["decode_cycle_cost"] == pytest.approx(tau * 5.0 / 10.0, abs=1e-4)
     assert _row(rows, bs.MAIN, (5, 1, 6), 1)["decode_cycle_cost"] is None  # no spec TPOT
+    # after the first token: TPOT ratio, and the paired interval of the prompts' decode times
+    assert r["decode_speedup"] == 2.0
+    low, high = r["decode_speedup_ci95"]
+    assert low <= 4.7 / 2.36 <= high and high - low < 0.2
+    assert _row(rows, bs.MAIN, (5, 1, 6), 1)["decode_speedup"] is None
     assert [x["speedup"] for x in r["rounds"]] == [2.5, pytest.approx(2.6667, abs=1e-4),
                                                    pytest.approx(2.3077, abs=1e-4)]
     assert r["status"] == "ok"
@@ -247,6 +254,7 @@ def test_summarize_measurement_from_request_results():
     assert m["tokens"] == 512 and m["tok_s"] == 256.0
     assert m["tau"] == 512 / 160 and m["verify"] == 160
     assert m["tpot_ms"] == 5.0 and m["ttft_ms"] == pytest.approx(150.0)
+    assert m["decode_s"] == [None, None, None]  # no latencies in these results
     assert m["errors"] == 1 and m["error_samples"] == ["HTTP 500"]
     nospec = bs.summarize_measurement([RequestResult(0, True, completion_tokens=10)], 1.0)
     assert nospec["tau"] is None and nospec["verify"] is None
