@@ -234,10 +234,22 @@ def build(
         "goals": {
             "best_chain": best_chain.label if best_chain else None,
             "best_chain_eta": trained[best_chain]["eta"] if best_chain else None,
+            # η after the first token (long outputs): 1 / its trained cycle less the first
+            # token (the probe's request model), where the probe allows it
+            "best_chain_decode_eta": round(
+                1.0 / split[best_chain.label]["trained_decode_cycle"], 4
+            )
+            if best_chain and split[best_chain.label].get("trained_decode_cycle")
+            else None,
             "best_chain_speedup_ci95": trained[best_chain]["speedup_ci95"] if best_chain else None,
             "chain_eta_goal": CHAIN_ETA_GOAL,
             "chain_eta_pass": bool(best_chain and trained[best_chain]["eta"] >= CHAIN_ETA_GOAL),
             "plugin_vs_stock": (bench.get("goals") or {}).get("plugin_vs_stock"),
+            # with its interval, and two stock servers' ratio beside it (--instance-noise)
+            **{
+                key: (bench.get("goals") or {}).get(key)
+                for key in ("plugin_vs_stock_ci95", "stock_vs_stock", "stock_vs_stock_ci95")
+            },
             "tree_ge_best_chain": bool(
                 tree and best_chain and tree["speedup"] >= trained[best_chain]["speedup"]
             ),
