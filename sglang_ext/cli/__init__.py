@@ -103,7 +103,8 @@ def build_parser(json_errors: bool = False) -> argparse.ArgumentParser:
         required=True,
         help='cycle costs in decode steps: {"settings": [{"steps", "topk", "draft_tokens", '
         '"cycle_cost"}]} from a zero-acceptance probe, or a bench_speed result (its batch-1 '
-        "rows' cycle_cost_decode_steps)",
+        "rows, each request's first token taken apart from its cycles where the probe "
+        "measured it or traced its baseline)",
     )
     tune.add_argument(
         "--against",
