@@ -15,7 +15,11 @@ so every cycle emits one token, timed against no speculation). tau per setting i
 - **not predicted** for a tree setting without records of it: a chain's records do not say
   what the extra branches would accept. Serve it once (the plugin records it) and run again.
 
-The recommendation is the setting with the highest speedup among those with a tau.
+The recommendation is the setting with the highest speedup among those with a tau. From a
+bench_speed probe, the speedup is of whole requests of the probe's length (``--output-tokens``
+for another): each request's first token apart from its cycles (:mod:`sglang_ext.cli.
+request_time`), since a tok/s probe holds it once where a served run weighs it tau-fold;
+``decode_speedup`` is tau / cycle, the long-output limit.
 
 Cycle costs come from a ``{"settings": [...]}`` file or straight from a
 ``sglang_ext_tools.bench_speed`` result (its ``rows`` at batch 1 carry
