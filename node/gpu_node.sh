@@ -498,10 +498,11 @@ seed-shape-bench)
     pair=()  # no pair (and the reason in convert.log) if the conversion is refused
     if python3 -m sglang_ext.cli convert "$MLA/wide-drafter" "$MLA/wide-drafter-sglang" \
         --target "$MLA/wide-target" --force >"$OUT/convert.log" 2>&1; then
-        # --instance-noise: a second stock server beside the pair (2026-12-03: plugin/stock
-        # 0.967 [0.953, 0.981]; two servers of one configuration had not been compared)
+        # --second-pair: a second plugin/stock pair in a group of its own, both pooled for
+        # the goal (2026-12-03: three pairs of fresh servers gave 0.960 [0.941, 0.976], 1.005
+        # and 1.024, and two stock servers 0.991: one pair is one draw of instance noise)
         pair=(--drafter-nbr-false "$MLA/wide-drafter-sglang" --compare-setting 3,1,4
-            --drafter-nbr-false-sglang "$MLA/wide-drafter-sglang" --instance-noise)
+            --drafter-nbr-false-sglang "$MLA/wide-drafter-sglang" --second-pair)
     fi
     wide() {
         python3 -m sglang_ext_tools.bench_speed --target "$MLA/wide-target" \
@@ -529,7 +530,10 @@ seed-shape-bench)
     # drafts through the target's own router and the MoE fan-out is in the cost (2026-12-03:
     # the dummy-weight probe missed 0.25-0.47 decode steps of it, and moe_fanout's byte model
     # said 0.98-1.30); SEED_PROBE=dummy: --load-format dummy, tune adds that model's fan-out.
-    # --profile: one traced batch-1 request per server splits the cycle (trace_breakdown).
+    # SEED_PROBE_PROFILE=1: one traced batch-1 request per server splits the cycle
+    # (trace_breakdown; ~120 s for four servers on 2026-12-03). Off by default since the
+    # probe measures each request's first token (the request model needs no trace now), and
+    # the second plugin/stock pair takes that time.
     # It runs before the trained matrix: both 2026-12-03 runs lost it to the lease's end
     # and to a machine taken back, while the matrix they did measure replicated.
     rm -rf "$MLA/wide-drafter-probe"
@@ -539,8 +543,10 @@ seed-shape-bench)
         probe=(--drafter "$MLA/wide-drafter-probe")
     fi
     probe_on() {
+        local trace=()
+        if [ "${SEED_PROBE_PROFILE:-0}" = 1 ]; then trace=(--profile); fi
         wide --batches 1 --rounds 2 --batch1-requests 8 "${probe[@]}" \
-            --log-dir "$LOGS/probe-$1" --profile --attention-backend "$1" \
+            --log-dir "$LOGS/probe-$1" "${trace[@]}" --attention-backend "$1" \
             --out-json "$OUT/seed-shape-probe.json" 2>&1 | tee -a "$OUT/bench.log" || true
     }
     probe_on fa3

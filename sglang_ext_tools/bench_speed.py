@@ -61,6 +61,8 @@ NBR_PLUGIN = "nbr_false (plugin)"
 NBR_STOCK = "nbr_false converted (stock SGLang)"
 NOISE = "no speculation, measured again (noise of the ratios)"
 NBR_STOCK_TWIN = "nbr_false converted (stock SGLang), second server"
+NBR_PLUGIN_B = "nbr_false (plugin), second pair"
+NBR_STOCK_B = "nbr_false converted (stock SGLang), second pair"
 # goal name -> (figure, threshold); evaluated at `best` (plugin_vs_stock: compare setting)
 GOALS = {
     "speedup_ge_2_5": ("speedup", 2.5),
@@ -156,6 +158,7 @@ def server_specs(
     noise: bool = False,
     no_overlap: Sequence[Setting] = (),
     instance_noise: bool = False,
+    second_pair: bool = False,
 ) -> list[dict[str, Any]]:
     """The servers of one run, as plain data. `compare` None: no nbr-false servers. Each
     variant runs the main drafter at the compare setting (else the first) with its env.
@@ -164,7 +167,11 @@ def server_specs(
     more plugin server with SGLang's overlap scheduler off (its rows: overlap false).
     `instance_noise`: a second stock server of the nbr-false pair's configuration beside it,
     so the run states how far two servers of one configuration lie apart (plugin_vs_stock
-    compares two servers, not one server twice)."""
+    compares two servers, not one server twice). `second_pair`: a second plugin server and a
+    second stock server of the pair's configuration, side by side (a group of their own where
+    the pair's is full): two independent plugin/stock comparisons, pooled for the goal. One
+    pair's figure is one draw of the servers' instance noise: on 2026-12-03 the same
+    comparison gave 0.960 (0.941-0.976), 1.005 and 1.024 on three pairs of fresh servers."""
 
     def spec(name: str, role: str, setting: Setting | None, stock: bool = False, **kw) -> dict:
         return {"name": name, "role": role, "setting": setting, "stock": stock, **kw}
@@ -179,6 +186,9 @@ def server_specs(
         specs.append(spec(f"nbrfalse-stock-{tag}", "nbr_stock", compare, stock=True))
         if instance_noise:
             specs.append(spec(f"nbrfalse-stock2-{tag}", "nbr_stock_twin", compare, stock=True))
+        if second_pair:
+            specs.append(spec(f"nbrfalse-plugin-b-{tag}", "nbr_plugin_b", compare))
+            specs.append(spec(f"nbrfalse-stock-b-{tag}", "nbr_stock_b", compare, stock=True))
     default = compare if compare is not None else settings[0]
     for text, key, value in variants:
         label, at = variant_setting(text, default)
@@ -212,6 +222,8 @@ def drafter_path(spec: Mapping[str, Any], args: argparse.Namespace) -> str | Non
         "nbr_plugin": args.drafter_nbr_false,
         "nbr_stock": args.drafter_nbr_false_sglang,
         "nbr_stock_twin": args.drafter_nbr_false_sglang,
+        "nbr_plugin_b": args.drafter_nbr_false,
+        "nbr_stock_b": args.drafter_nbr_false_sglang,
     }.get(spec["role"])
 
 
@@ -348,7 +360,8 @@ def plan_groups(specs: Sequence[Mapping[str, Any]], at_once: int | None) -> list
         if (spec["role"], previous) in (
             ("nbr_stock", "nbr_plugin"),
             ("nbr_stock_twin", "nbr_stock"),
-        ):  # server_specs' order: the pair (and its second stock server) go together
+            ("nbr_stock_b", "nbr_plugin_b"),
+        ):  # server_specs' order: each pair (and its second stock server) goes together
             units[-1].append(spec["name"])
         else:
             units.append([spec["name"]])
@@ -542,6 +555,8 @@ def build_rows(
         "nbr_stock": NBR_STOCK,
         "noise": NOISE,
         "nbr_stock_twin": NBR_STOCK_TWIN,
+        "nbr_plugin_b": NBR_PLUGIN_B,
+        "nbr_stock_b": NBR_STOCK_B,
     }
 
     def tok(name: str | None, b: int) -> float | None:
@@ -658,6 +673,69 @@ def build_rows(
     return rows
 
 
+def pooled_pairs(
+    agg: Mapping[tuple[str, int], Mapping[str, Any]],
+    pairs: Sequence[tuple[str, str]],
+    batch: int,
+) -> dict[str, Any] | None:
+    """Two plugin/stock pairs of one configuration (--second-pair): the second pair's ratio,
+    and both pooled. Batch 1: the stock servers' summed prompt times over the plugin servers',
+    its interval resampling the prompts, each with all four servers' times; larger batches:
+    the plugin servers' tok/s summed over the stock servers' (no interval). None where a
+    server did not measure."""
+    entries = [(agg.get((p, batch)), agg.get((s, batch))) for p, s in pairs]
+    if any(e is None for pair in entries for e in pair):
+        return None
+    (plugin_a, stock_a), (plugin_b, stock_b) = entries
+    point = (plugin_a["tok_s"] + plugin_b["tok_s"]) / (stock_a["tok_s"] + stock_b["tok_s"])
+    ci = None
+    if batch == 1:  # the prompts' times, each with all four servers': the interval's statistic
+        plugin = [per_prompt_times(e["latency_rounds"]) for e in (plugin_a, plugin_b)]
+        stock = [per_prompt_times(e["latency_rounds"]) for e in (stock_a, stock_b)]
+
+        def both(times):
+            return [None if None in (a, b) else a + b for a, b in zip(*times, strict=False)]
+
+        kept = [
+            (s, p) for s, p in zip(both(stock), both(plugin), strict=False) if None not in (s, p)
+        ]
+        if kept:
+            point = sum(s for s, _ in kept) / sum(p for _, p in kept)
+            ci = bootstrap_ratio_ci(*zip(*kept, strict=True))
+    return {
+        "plugin_vs_stock_b": _r(plugin_b["tok_s"] / stock_b["tok_s"]),
+        "plugin_vs_stock_b_ci95": speedup_interval(stock_b, plugin_b, batch)[0],
+        "plugin_vs_stock_pooled": _r(point),
+        "plugin_vs_stock_pooled_ci95": ci,
+    }
+
+
+def pool_second_pair(
+    rows: list[dict[str, Any]],
+    specs: Sequence[Mapping[str, Any]],
+    measurements: Sequence[Mapping[str, Any]],
+    compare: Setting | None,
+    batches: Sequence[int],
+) -> None:
+    """--second-pair: each row at the compare setting gets the second pair's ratio and both
+    pairs pooled (each pair measured in its own group, so each server's figures are its own
+    group's; the pooled figure adds the two)."""
+    roles = {s["role"]: s["name"] for s in specs}
+    names = [roles.get(r) for r in ("nbr_plugin", "nbr_stock", "nbr_plugin_b", "nbr_stock_b")]
+    if compare is None or None in names:
+        return
+    agg = aggregate(measurements)  # server names are unique across groups (nospec aside)
+    for b in batches:
+        pooled = pooled_pairs(agg, [(names[0], names[1]), (names[2], names[3])], b)
+        for row in rows:
+            if (
+                pooled
+                and row["batch"] == b
+                and (row["steps"], row["topk"], row["draft_tokens"]) == tuple(compare)
+            ):
+                row.update(pooled)
+
+
 def best_and_goals(rows: Sequence[Mapping[str, Any]], compare: Setting | None):
     """Best main-drafter row at batch 1 (the smallest batch if 1 was not measured), and the
     goals evaluated there. plugin_vs_stock: at that batch of the compare setting, from
@@ -680,22 +758,36 @@ def best_and_goals(rows: Sequence[Mapping[str, Any]], compare: Setting | None):
         and r.get("plugin_vs_stock") is not None
     ]
     pvs = at_compare[0] if at_compare else {}
+    # --second-pair: the goal reads both pairs pooled (one pair is one draw of the servers'
+    # instance noise), the first pair's figure stays beside it
+    pooled = "plugin_vs_stock_pooled" in pvs and pvs["plugin_vs_stock_pooled"] is not None
+    key_pvs = "plugin_vs_stock_pooled" if pooled else "plugin_vs_stock"
     values = {
         "speedup": (best or {}).get("speedup"),
         "eta": (best or {}).get("eta"),
-        "plugin_vs_stock": pvs.get("plugin_vs_stock"),
+        "plugin_vs_stock": pvs.get(key_pvs),
     }
     goals: dict[str, Any] = {
         "batch": batch,
         **values,
-        "plugin_vs_stock_ci95": pvs.get("plugin_vs_stock_ci95"),
+        "plugin_vs_stock_ci95": pvs.get(f"{key_pvs}_ci95"),
         # --instance-noise: two stock servers of one configuration, the same comparison
         **{k: pvs[k] for k in ("stock_vs_stock", "stock_vs_stock_ci95") if k in pvs},
+        **(
+            {
+                "plugin_vs_stock_pooled_over": 2,
+                **{k: pvs[k] for k in ("plugin_vs_stock_b", "plugin_vs_stock_b_ci95")},
+                "plugin_vs_stock_a": pvs.get("plugin_vs_stock"),
+                "plugin_vs_stock_a_ci95": pvs.get("plugin_vs_stock_ci95"),
+            }
+            if pooled
+            else {}
+        ),
     }
     for name, (key, threshold) in GOALS.items():
         value = values[key]
-        if key == "plugin_vs_stock" and pvs.get("plugin_vs_stock_ci95"):
-            value = max(value, pvs["plugin_vs_stock_ci95"][1])
+        if key == "plugin_vs_stock" and goals["plugin_vs_stock_ci95"]:
+            value = max(value, goals["plugin_vs_stock_ci95"][1])
         goals[name] = None if value is None else value >= threshold
     goals["thresholds"] = {key: threshold for key, threshold in GOALS.values()}
     return dict(best) if best else None, goals
@@ -856,6 +948,7 @@ def build_result(
             meta.get("server_extra_args") or (),
         )
         rows += group_rows if len(groups) == 1 else [{**r, "group": g} for r in group_rows]
+    pool_second_pair(rows, specs, measurements, compare, meta["batches"])
     best, goals = best_and_goals(rows, compare)
     return {
         "schema_version": SCHEMA_VERSION,
@@ -1123,6 +1216,12 @@ def build_parser() -> argparse.ArgumentParser:
         "two is the run's own noise floor (row 'no speculation, measured again')",
     )
     p.add_argument(
+        "--second-pair",
+        action="store_true",
+        help="a second plugin server and a second stock server of the nbr-false pair's "
+        "configuration: two independent plugin/stock comparisons, pooled for the goal",
+    )
+    p.add_argument(
         "--instance-noise",
         action="store_true",
         help="a second stock server beside the nbr-false pair: its ratio to the first "
@@ -1215,8 +1314,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     stray = [label(x) for x in args.no_overlap_at if x not in args.settings]
     if stray:
         parser.error(f"--no-overlap-at {' '.join(stray)}: not one of --settings")
-    if args.instance_noise and not args.drafter_nbr_false:
-        parser.error("--instance-noise needs the nbr-false pair (--drafter-nbr-false ...)")
+    for flag, on in (
+        ("--instance-noise", args.instance_noise),
+        ("--second-pair", args.second_pair),
+    ):
+        if on and not args.drafter_nbr_false:
+            parser.error(f"{flag} needs the nbr-false pair (--drafter-nbr-false ...)")
     args.specs = server_specs(
         args.settings,
         args.compare,
@@ -1224,6 +1327,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.noise,
         args.no_overlap_at,
         args.instance_noise,
+        args.second_pair,
     )
     for spec in args.specs:  # the rows say what draft vocabulary each server ran
         spec["draft_vocab"] = draft_vocab(drafter_path(spec, args))

@@ -1132,3 +1132,60 @@ def test_cycle_breakdown_of_steady_cycles_takes_the_prefill_out_of_the_timed_fig
     assert chain["traced_gpu_idle_before_ms"] == {"target_graph": 0.4}
     # without the completion length (or a steady baseline): the window split, as before
     assert bs.cycle_breakdown(profiles, SPECS, rows)["servers"]["spec-3-1-4"]["split"] == "window"
+
+
+def test_second_pair_pools_two_plugin_stock_comparisons(prompts_file, tmp_path, monkeypatch):
+    """--second-pair: a second plugin server and a second stock server, side by side (in a
+    group of their own where the pair's is full), and the goal on both pairs pooled: one
+    pair is one draw of the servers' instance noise (2026-12-03, the seed shape: 0.960 on one
+    pair of fresh servers, 1.005 and 1.024 on the next)."""
+    specs = bs.server_specs([(3, 1, 4)], (3, 1, 4), second_pair=True)
+    roles = {s["name"]: s["role"] for s in specs}
+    assert roles["nbrfalse-plugin-b-3-1-4"] == "nbr_plugin_b"
+    assert roles["nbrfalse-stock-b-3-1-4"] == "nbr_stock_b"
+    assert next(s for s in specs if s["role"] == "nbr_stock_b")["stock"] is True
+    assert bs.plan_groups(specs, 4) == [
+        ["nospec", "spec-3-1-4", "nbrfalse-plugin-3-1-4", "nbrfalse-stock-3-1-4"],
+        ["nospec", "nbrfalse-plugin-b-3-1-4", "nbrfalse-stock-b-3-1-4"],
+    ]
+    assert bs.plan_groups(specs, 5)[1] == [
+        "nospec", "nbrfalse-plugin-b-3-1-4", "nbrfalse-stock-b-3-1-4"]  # fmt: skip
+
+    speed = {"nospec": 100.0, "spec-3-1-4": 250.0, "nbrfalse-plugin-3-1-4": 192.0,
+             "nbrfalse-stock-3-1-4": 200.0, "nbrfalse-plugin-b-3-1-4": 212.0,
+             "nbrfalse-stock-b-3-1-4": 200.0}  # fmt: skip
+
+    def fake_run(server, prompts, concurrency, max_new_tokens):
+        name = server.name
+        return _fake_requests(name, len(prompts), max_new_tokens, speed[name], jitter=1 / 50)
+
+    monkeypatch.setattr(bs, "start_all", _all_ready)
+    monkeypatch.setattr(bs, "stop_all", lambda servers: None)
+    monkeypatch.setattr(Server, "alive", lambda self: True)
+    monkeypatch.setattr(Server, "wait_gone", lambda self: True)
+    monkeypatch.setattr(bs, "_run", fake_run)
+    monkeypatch.setattr(bs, "gpu_info", lambda: {"name": "FakeGPU"})
+    out_json = tmp_path / "r.json"
+    argv = _argv(prompts_file, "--settings", "3,1,4", "--compare-setting", "3,1,4",
+                 "--second-pair", "--at-once", "4", "--batches", "1", "--rounds", "2",
+                 "--batch1-requests", "8", "--max-new-tokens", "64", "--log-dir",
+                 str(tmp_path / "logs"), "--out-json", str(out_json))  # fmt: skip
+    assert bs.main(argv) == 0
+    data = json.loads(out_json.read_text())
+    stock = _row(data["rows"], bs.NBR_STOCK, (3, 1, 4), 1)
+    assert stock["plugin_vs_stock"] == pytest.approx(192 / 200, abs=2e-3)
+    assert stock["plugin_vs_stock_b"] == pytest.approx(212 / 200, abs=2e-3)
+    # pooled: the four servers' times per prompt, stock over plugin
+    assert stock["plugin_vs_stock_pooled"] == pytest.approx(0.01 / (1 / 192 + 1 / 212), abs=2e-3)
+    low, high = stock["plugin_vs_stock_pooled_ci95"]
+    assert low <= stock["plugin_vs_stock_pooled"] <= high
+    assert _row(data["rows"], bs.NBR_PLUGIN_B, (3, 1, 4), 1)["status"] == "ok"
+    goals = data["goals"]
+    # the first pair alone (0.96, its interval under 0.99) would fail; pooled, it passes
+    assert stock["plugin_vs_stock_ci95"][1] < 0.99
+    assert goals["plugin_vs_stock"] == stock["plugin_vs_stock_pooled"]
+    assert goals["plugin_vs_stock_ci95"] == [low, high]
+    assert goals["plugin_vs_stock_a"] == stock["plugin_vs_stock"]
+    assert goals["plugin_vs_stock_ge_0_99"] is True and goals["plugin_vs_stock_pooled_over"] == 2
+    with pytest.raises(SystemExit):  # the second pair needs the first
+        bs.parse_args(_argv(prompts_file, "--second-pair", nbr=False))
