@@ -230,3 +230,49 @@ def test_rescore_refuses_a_drafter_whose_tau_differs(tmp_path, monkeypatch):
     refused = r"drafter-stdlib-seed11: tau 1.5000 .* records 2.1495: not the run"
     with pytest.raises(ValueError, match=refused):
         rc.rescore(result, tmp_path, 0, tmp_path / "scratch")
+
+
+def test_drafter_steps_arm_trains_only_the_drafter_longer(monkeypatch, tmp_path):
+    """drafter-steps: both arms distil from the same target per seed (the run trains it
+    once), and the candidate's drafter gets 3x the comparison's steps."""
+    comparison = rc.COMPARISONS["drafter-steps"]
+    base, cand = rc.RECIPES[comparison.baseline], rc.RECIPES[comparison.candidate]
+    same = ("target_corpus", "corpus_scale", "target_steps_scale", "distill_prompts")
+    assert all(getattr(base, k) == getattr(cand, k) for k in same)
+    assert (base.drafter_steps(400), cand.drafter_steps(400)) == (400, 1200)
+    seen = {}
+
+    def fake_drafter(scratch, scale, model, nbr, seed, out_name):
+        seen[out_name] = scale.drafter_train["steps"]
+        return None, {"train": {"last_loss": 1.0}}
+
+    monkeypatch.setattr(rc.msf, "_random_windows", lambda *a: [])
+    monkeypatch.setattr(rc.msf, "greedy_continuations", lambda *a: [])
+    monkeypatch.setattr(rc.msf, "distilled_drafter", fake_drafter)
+    monkeypatch.setattr(rc, "bench_tau", lambda *a: {"tau": 2.0, "per_prompt": [],
+                                                     "per_position_acceptance": []})  # fmt: skip
+    monkeypatch.setattr(rc, "text_stats", lambda tokens: {})
+    args = type("A", (), {"sequences": 4, "seed": 1, "drafter_steps": 400, "new_tokens": 8})()
+    target = {"dir": tmp_path, "stream": None, "model": None, "heldout_distill": None}
+    shared = type("S", (), {"streams": {"split": None}})()
+    for recipe in (base, cand):
+        rc.distilled(args, recipe, target, shared, 11)
+    assert seen == {"drafter-stdlib-seed11": 400, "drafter-stdlib-drafter-x3-seed11": 1200}
+
+
+def test_committed_target_corpus_long_result_is_consistent():
+    path = ROOT / "tests/results/target-corpus-long-2026-12-03-cpu.json"
+    result = json.loads(path.read_text())
+    assert result["command"].startswith(f"python -m {rc.MODULE} --comparison target-corpus-long")
+    tau = result["tau"]
+    assert result["ratio"] == pytest.approx(tau["wide-long"] / tau["stdlib"], abs=2e-4)
+    lo, hi = result["ratio_ci95"]
+    assert lo <= result["ratio"] <= hi < 1  # the long wide targets' drafters accept less
+    targets = result["targets"]
+    # trained 3x as long, the wide targets reach ~6.7 epochs and write less repetitive text
+    assert all(6 <= t["epochs"] <= 7.5 for k, t in targets.items() if k.startswith("wide-long"))
+    drafters = result["drafters"]
+    for seed in result["setting"]["seeds"]:
+        loops = drafters[f"stdlib-seed{seed}"]["greedy_text"]["repeated_ngram_fraction"]
+        varied = drafters[f"wide-long-seed{seed}"]["greedy_text"]["repeated_ngram_fraction"]
+        assert varied < loops
