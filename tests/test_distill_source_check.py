@@ -276,3 +276,18 @@ def test_committed_target_corpus_long_result_is_consistent():
         loops = drafters[f"stdlib-seed{seed}"]["greedy_text"]["repeated_ngram_fraction"]
         varied = drafters[f"wide-long-seed{seed}"]["greedy_text"]["repeated_ngram_fraction"]
         assert varied < loops
+
+
+def test_committed_drafter_steps_result_is_consistent():
+    path = ROOT / "tests/results/drafter-steps-2026-12-03-cpu.json"
+    result = json.loads(path.read_text())
+    assert result["command"].startswith(f"python -m {rc.MODULE} --comparison drafter-steps")
+    tau = result["tau"]
+    assert result["ratio"] == pytest.approx(tau["stdlib-drafter-x3"] / tau["stdlib"], abs=2e-4)
+    lo, hi = result["ratio_ci95"]
+    assert 1 < lo <= result["ratio"] <= hi
+    # one target per seed, shared by both arms: its figures appear once
+    assert set(result["targets"]) == {f"stdlib-seed{n}" for n in result["setting"]["seeds"]}
+    # the baseline's drafters are the target-corpus-long run's, to the digit (same seeds)
+    other = json.loads((ROOT / "tests/results/target-corpus-long-2026-12-03-cpu.json").read_text())
+    assert result["tau_per_seed"]["11"]["stdlib"] == other["tau_per_seed"]["11"]["stdlib"]

@@ -284,3 +284,17 @@ def test_a_cached_bundle_widens_again_to_the_same_models(speed_fixtures, tmp_pat
         cache.unpack(bundle, again)
     with pytest.raises(cache.CacheError, match="missing"):
         cache.pack(tmp_path / "empty", tmp_path / "x.tar")
+
+
+def test_drafter_steps_scale_trains_the_drafters_longer():
+    """--drafter-steps-scale: the drafters' steps and time cap scaled, nothing else."""
+    from sglang_ext_tools.fixtures import make_speed_fixtures as msf_
+
+    full = msf_.SCALES["full"]
+    twice = msf_.with_drafter_steps(full, 2.0)
+    assert twice.drafter_train["steps"] == 2 * full.drafter_train["steps"]
+    assert twice.drafter_train["time_cap"] == 2 * full.drafter_train["time_cap"]
+    assert twice.target_train == full.target_train and twice.distill == full.distill
+    assert msf_.with_drafter_steps(full, 1.0) is full
+    tiny = msf_.SCALES["tiny"]
+    assert msf_.with_drafter_steps(tiny, 3.0).drafter_train["time_cap"] is None
