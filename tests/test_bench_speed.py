@@ -398,6 +398,29 @@ def test_main_with_fake_servers_writes_partial_results(prompts_file, tmp_path, m
         assert out_png.read_bytes()[:4] == b"\x89PNG"
 
 
+def _pair_run(prompts_file, tmp_path, monkeypatch, speed, flag):
+    """bench_speed's main on faked servers (tok/s per server name, 2 % jitter), 3/1/4 and
+    its nbr-false pair with ``flag``, four at a time: the result JSON."""
+
+    def fake_run(server, prompts, concurrency, max_new_tokens):
+        name = server.name
+        return _fake_requests(name, len(prompts), max_new_tokens, speed[name], jitter=1 / 50)
+
+    monkeypatch.setattr(bs, "start_all", _all_ready)
+    monkeypatch.setattr(bs, "stop_all", lambda servers: None)
+    monkeypatch.setattr(Server, "alive", lambda self: True)
+    monkeypatch.setattr(Server, "wait_gone", lambda self: True)
+    monkeypatch.setattr(bs, "_run", fake_run)
+    monkeypatch.setattr(bs, "gpu_info", lambda: {"name": "FakeGPU"})
+    out_json = tmp_path / "r.json"
+    argv = _argv(prompts_file, "--settings", "3,1,4", "--compare-setting", "3,1,4",
+                 flag, "--at-once", "4", "--batches", "1", "--rounds", "2",
+                 "--batch1-requests", "8", "--max-new-tokens", "64", "--log-dir",
+                 str(tmp_path / "logs"), "--out-json", str(out_json))  # fmt: skip
+    assert bs.main(argv) == 0
+    return json.loads(out_json.read_text())
+
+
 def test_instance_noise_puts_a_second_stock_server_beside_the_pair(
     prompts_file, tmp_path, monkeypatch
 ):
@@ -415,25 +438,8 @@ def test_instance_noise_puts_a_second_stock_server_beside_the_pair(
         bs.plan_groups(specs, 3)
 
     speed = {"nospec": 100.0, "spec-3-1-4": 250.0, "nbrfalse-plugin-3-1-4": 194.0,
-             "nbrfalse-stock-3-1-4": 200.0, "nbrfalse-stock2-3-1-4": 196.0}
-
-    def fake_run(server, prompts, concurrency, max_new_tokens):
-        name = server.name
-        return _fake_requests(name, len(prompts), max_new_tokens, speed[name], jitter=1 / 50)
-
-    monkeypatch.setattr(bs, "start_all", _all_ready)
-    monkeypatch.setattr(bs, "stop_all", lambda servers: None)
-    monkeypatch.setattr(Server, "alive", lambda self: True)
-    monkeypatch.setattr(Server, "wait_gone", lambda self: True)
-    monkeypatch.setattr(bs, "_run", fake_run)
-    monkeypatch.setattr(bs, "gpu_info", lambda: {"name": "FakeGPU"})
-    out_json = tmp_path / "r.json"
-    argv = _argv(prompts_file, "--settings", "3,1,4", "--compare-setting", "3,1,4",
-                 "--instance-noise", "--at-once", "4", "--batches", "1", "--rounds", "2",
-                 "--batch1-requests", "8", "--max-new-tokens", "64", "--log-dir",
-                 str(tmp_path / "logs"), "--out-json", str(out_json))  # fmt: skip
-    assert bs.main(argv) == 0
-    data = json.loads(out_json.read_text())
+             "nbrfalse-stock-3-1-4": 200.0, "nbrfalse-stock2-3-1-4": 196.0}  # fmt: skip
+    data = _pair_run(prompts_file, tmp_path, monkeypatch, speed, "--instance-noise")
     stock = _row(data["rows"], bs.NBR_STOCK, (3, 1, 4), 1)
     assert stock["plugin_vs_stock"] == pytest.approx(194 / 200, abs=1e-4)
     assert stock["stock_vs_stock"] == pytest.approx(196 / 200, abs=1e-4)
@@ -1154,24 +1160,7 @@ def test_second_pair_pools_two_plugin_stock_comparisons(prompts_file, tmp_path, 
     speed = {"nospec": 100.0, "spec-3-1-4": 250.0, "nbrfalse-plugin-3-1-4": 192.0,
              "nbrfalse-stock-3-1-4": 200.0, "nbrfalse-plugin-b-3-1-4": 212.0,
              "nbrfalse-stock-b-3-1-4": 200.0}  # fmt: skip
-
-    def fake_run(server, prompts, concurrency, max_new_tokens):
-        name = server.name
-        return _fake_requests(name, len(prompts), max_new_tokens, speed[name], jitter=1 / 50)
-
-    monkeypatch.setattr(bs, "start_all", _all_ready)
-    monkeypatch.setattr(bs, "stop_all", lambda servers: None)
-    monkeypatch.setattr(Server, "alive", lambda self: True)
-    monkeypatch.setattr(Server, "wait_gone", lambda self: True)
-    monkeypatch.setattr(bs, "_run", fake_run)
-    monkeypatch.setattr(bs, "gpu_info", lambda: {"name": "FakeGPU"})
-    out_json = tmp_path / "r.json"
-    argv = _argv(prompts_file, "--settings", "3,1,4", "--compare-setting", "3,1,4",
-                 "--second-pair", "--at-once", "4", "--batches", "1", "--rounds", "2",
-                 "--batch1-requests", "8", "--max-new-tokens", "64", "--log-dir",
-                 str(tmp_path / "logs"), "--out-json", str(out_json))  # fmt: skip
-    assert bs.main(argv) == 0
-    data = json.loads(out_json.read_text())
+    data = _pair_run(prompts_file, tmp_path, monkeypatch, speed, "--second-pair")
     stock = _row(data["rows"], bs.NBR_STOCK, (3, 1, 4), 1)
     assert stock["plugin_vs_stock"] == pytest.approx(192 / 200, abs=2e-3)
     assert stock["plugin_vs_stock_b"] == pytest.approx(212 / 200, abs=2e-3)
