@@ -250,6 +250,12 @@ def build(
                 key: (bench.get("goals") or {}).get(key)
                 for key in ("plugin_vs_stock_ci95", "stock_vs_stock", "stock_vs_stock_ci95")
             },
+            # --second-pair: plugin_vs_stock is both pairs pooled; each pair's figure beside it
+            **{
+                key: value
+                for key, value in (bench.get("goals") or {}).items()
+                if key.startswith(("plugin_vs_stock_a", "plugin_vs_stock_b", "plugin_vs_stock_p"))
+            },
             "tree_ge_best_chain": bool(
                 tree and best_chain and tree["speedup"] >= trained[best_chain]["speedup"]
             ),

@@ -193,3 +193,21 @@ def test_the_cut_runs_setting_pairs_are_what_its_measurements_give(capsys):
         lo, hi = pair["ratio_ci95"]
         assert lo <= pair["ratio"] <= hi and pair["method"] == "paired prompts, bootstrap"
     assert ssr.main(["pairs"]) == 2
+
+
+def test_a_second_pair_s_figures_are_carried(tmp_path):
+    """bench_speed --second-pair: the goal's plugin_vs_stock is both pairs pooled; the result
+    carries each pair's figure beside it."""
+    bench = json.loads(Path(f"{RUN_1203}-bench.json").read_text())
+    bench["goals"] |= {"plugin_vs_stock": 1.001, "plugin_vs_stock_pooled_over": 2,
+                       "plugin_vs_stock_a": 0.96, "plugin_vs_stock_b": 1.04,
+                       "plugin_vs_stock_b_ci95": [1.02, 1.06]}  # fmt: skip
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(bench))
+    argv = args(tmp_path, tmp_path / "result.json", RUN_1203, "2026-12-03", "spec-*.jsonl")
+    argv[argv.index("--bench") + 1] = str(path)
+    assert ssr.main(argv) == 0
+    goals = json.loads((tmp_path / "result.json").read_text())["goals"]
+    assert goals["plugin_vs_stock"] == 1.001 and goals["plugin_vs_stock_pooled_over"] == 2
+    assert (goals["plugin_vs_stock_a"], goals["plugin_vs_stock_b"]) == (0.96, 1.04)
+    assert goals["plugin_vs_stock_b_ci95"] == [1.02, 1.06]
