@@ -253,11 +253,14 @@ send_bundle() {
     done
     ls "$OUT"
 }
-# Whether an earlier call of this lease returned FILE unchanged: its path, size and mtime
-# are in $PACKS/shipped.list (ship_once writes them)
+# FILE's line in $PACKS/shipped.list: its path, size and mtime
+ship_key() {
+    echo "$1 $(stat -c '%s %Y' "$1")"
+}
+# Whether an earlier call of this lease returned FILE unchanged (ship_once lists it)
 shipped() {
     touch "$PACKS/shipped.list"
-    grep -qxF "$1 $(stat -c '%s %Y' "$1")" "$PACKS/shipped.list"
+    grep -qxF "$(ship_key "$1")" "$PACKS/shipped.list"
 }
 # FILE... into $OUT unless shipped: the waits return what rarely changes once, which leaves
 # their 8 files room for ship_parts; DONE (SHIP_ALL=1) resends everything
@@ -266,7 +269,7 @@ ship_once() {
     for file in "$@"; do
         [ -f "$file" ] || continue
         if [ "${SHIP_ALL:-0}" = 1 ] || ! shipped "$file"; then
-            cp "$file" "$OUT"/ && echo "$file $(stat -c '%s %Y' "$file")" >>"$PACKS/shipped.list"
+            cp "$file" "$OUT"/ && ship_key "$file" >>"$PACKS/shipped.list"
         fi
     done
 }

@@ -172,7 +172,8 @@ def test_the_waits_bring_a_prepared_bundle_back_in_the_room_their_files_leave(tm
         out.mkdir(parents=True)
         always = results if poll == 1 else results[:2]  # poll 1: five result files
         script = (
-            f"PACKS={packs} OUT={out}\n{_functions('shipped', 'ship_once', 'ship_parts')}\n"
+            f"PACKS={packs} OUT={out}\n"
+            f"{_functions('ship_key', 'shipped', 'ship_once', 'ship_parts')}\n"
             f"{'export SHIP_ALL=1' if poll == 3 else ''}\n"
             f"cp {' '.join(map(str, always))} $OUT/\n"
             f"ship_once {static}\nship_parts mla mla-fixtures.tar\n"
