@@ -63,6 +63,14 @@ NOISE = "no speculation, measured again (noise of the ratios)"
 NBR_STOCK_TWIN = "nbr_false converted (stock SGLang), second server"
 NBR_PLUGIN_B = "nbr_false (plugin), second pair"
 NBR_STOCK_B = "nbr_false converted (stock SGLang), second pair"
+# the goals' keys --second-pair adds beside the pooled plugin_vs_stock
+SECOND_PAIR_GOALS = (
+    "plugin_vs_stock_pooled_over",
+    "plugin_vs_stock_a",
+    "plugin_vs_stock_a_ci95",
+    "plugin_vs_stock_b",
+    "plugin_vs_stock_b_ci95",
+)
 # goal name -> (figure, threshold); evaluated at `best` (plugin_vs_stock: compare setting)
 GOALS = {
     "speedup_ge_2_5": ("speedup", 2.5),
@@ -687,27 +695,34 @@ def pooled_pairs(
     if any(e is None for pair in entries for e in pair):
         return None
     (plugin_a, stock_a), (plugin_b, stock_b) = entries
-    point = (plugin_a["tok_s"] + plugin_b["tok_s"]) / (stock_a["tok_s"] + stock_b["tok_s"])
-    ci = None
-    if batch == 1:  # the prompts' times, each with all four servers': the interval's statistic
-        plugin = [per_prompt_times(e["latency_rounds"]) for e in (plugin_a, plugin_b)]
-        stock = [per_prompt_times(e["latency_rounds"]) for e in (stock_a, stock_b)]
-
-        def both(times):
-            return [None if None in (a, b) else a + b for a, b in zip(*times, strict=False)]
-
-        kept = [
-            (s, p) for s, p in zip(both(stock), both(plugin), strict=False) if None not in (s, p)
-        ]
-        if kept:
-            point = sum(s for s, _ in kept) / sum(p for _, p in kept)
-            ci = bootstrap_ratio_ci(*zip(*kept, strict=True))
+    # batch 1: each prompt's (stock a + stock b, plugin a + plugin b) times
+    kept = four_server_times((stock_a, stock_b), (plugin_a, plugin_b)) if batch == 1 else []
+    if kept:
+        point = sum(s for s, _ in kept) / sum(p for _, p in kept)
+        ci = bootstrap_ratio_ci(*zip(*kept, strict=True))
+    else:
+        point = (plugin_a["tok_s"] + plugin_b["tok_s"]) / (stock_a["tok_s"] + stock_b["tok_s"])
+        ci = None
     return {
         "plugin_vs_stock_b": _r(plugin_b["tok_s"] / stock_b["tok_s"]),
         "plugin_vs_stock_b_ci95": speedup_interval(stock_b, plugin_b, batch)[0],
         "plugin_vs_stock_pooled": _r(point),
         "plugin_vs_stock_pooled_ci95": ci,
     }
+
+
+def four_server_times(
+    stock: Sequence[Mapping[str, Any]], plugin: Sequence[Mapping[str, Any]]
+) -> list[tuple[float, float]]:
+    """Per prompt, the two stock servers' times summed and the two plugin servers' (each a
+    mean over its rounds); prompts any of the four failed are left out."""
+
+    def summed(entries):
+        a, b = (per_prompt_times(e["latency_rounds"]) for e in entries)
+        return [None if None in (x, y) else x + y for x, y in zip(a, b, strict=False)]
+
+    pairs = zip(summed(stock), summed(plugin), strict=False)
+    return [(s, p) for s, p in pairs if None not in (s, p)]
 
 
 def pool_second_pair(
@@ -727,11 +742,11 @@ def pool_second_pair(
     agg = aggregate(measurements)  # server names are unique across groups (nospec aside)
     for b in batches:
         pooled = pooled_pairs(agg, [(names[0], names[1]), (names[2], names[3])], b)
+        if pooled is None:
+            continue  # a server of the two pairs did not measure at this batch
         for row in rows:
-            if (
-                pooled
-                and row["batch"] == b
-                and (row["steps"], row["topk"], row["draft_tokens"]) == tuple(compare)
+            if row["batch"] == b and (row["steps"], row["topk"], row["draft_tokens"]) == tuple(
+                compare
             ):
                 row.update(pooled)
 
@@ -774,11 +789,12 @@ def best_and_goals(rows: Sequence[Mapping[str, Any]], compare: Setting | None):
         # --instance-noise: two stock servers of one configuration, the same comparison
         **{k: pvs[k] for k in ("stock_vs_stock", "stock_vs_stock_ci95") if k in pvs},
         **(
-            {
+            {  # SECOND_PAIR_GOALS
                 "plugin_vs_stock_pooled_over": 2,
-                **{k: pvs[k] for k in ("plugin_vs_stock_b", "plugin_vs_stock_b_ci95")},
                 "plugin_vs_stock_a": pvs.get("plugin_vs_stock"),
                 "plugin_vs_stock_a_ci95": pvs.get("plugin_vs_stock_ci95"),
+                "plugin_vs_stock_b": pvs.get("plugin_vs_stock_b"),
+                "plugin_vs_stock_b_ci95": pvs.get("plugin_vs_stock_b_ci95"),
             }
             if pooled
             else {}

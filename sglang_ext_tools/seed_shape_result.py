@@ -236,9 +236,7 @@ def build(
             "best_chain_eta": trained[best_chain]["eta"] if best_chain else None,
             # η after the first token (long outputs): 1 / its trained cycle less the first
             # token (the probe's request model), where the probe allows it
-            "best_chain_decode_eta": round(
-                1.0 / split[best_chain.label]["trained_decode_cycle"], 4
-            )
+            "best_chain_decode_eta": round(1.0 / split[best_chain.label]["trained_decode_cycle"], 4)
             if best_chain and split[best_chain.label].get("trained_decode_cycle")
             else None,
             "best_chain_speedup_ci95": trained[best_chain]["speedup_ci95"] if best_chain else None,
@@ -252,9 +250,9 @@ def build(
             },
             # --second-pair: plugin_vs_stock is both pairs pooled; each pair's figure beside it
             **{
-                key: value
-                for key, value in (bench.get("goals") or {}).items()
-                if key.startswith(("plugin_vs_stock_a", "plugin_vs_stock_b", "plugin_vs_stock_p"))
+                key: bench["goals"][key]
+                for key in bench_speed.SECOND_PAIR_GOALS
+                if key in (bench.get("goals") or {})
             },
             "tree_ge_best_chain": bool(
                 tree and best_chain and tree["speedup"] >= trained[best_chain]["speedup"]

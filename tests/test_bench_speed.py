@@ -1176,5 +1176,6 @@ def test_second_pair_pools_two_plugin_stock_comparisons(prompts_file, tmp_path, 
     assert goals["plugin_vs_stock_ci95"] == [low, high]
     assert goals["plugin_vs_stock_a"] == stock["plugin_vs_stock"]
     assert goals["plugin_vs_stock_ge_0_99"] is True and goals["plugin_vs_stock_pooled_over"] == 2
+    assert set(bs.SECOND_PAIR_GOALS) <= set(goals)  # what seed_shape_result carries over
     with pytest.raises(SystemExit):  # the second pair needs the first
         bs.parse_args(_argv(prompts_file, "--second-pair", nbr=False))
