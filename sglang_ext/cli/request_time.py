@@ -46,18 +46,21 @@ class RequestTime:
         """The same machine, requests of another length (a user's typical output)."""
         return RequestTime(tokens, self.step_ms, self.nospec_first_ms, self.first_ms, self.source)
 
+    def first(self, setting: str) -> float:
+        """``setting``'s time to first token: its own where measured, else no speculation's."""
+        return self.first_ms.get(setting, self.nospec_first_ms)
+
     def cycle(self, setting: str, tau: float, tok_s: float) -> float:
         """The cycle, in decode steps, of ``setting`` measured at ``tok_s`` output tokens per
         second with ``tau`` tokens per cycle: its requests' time less their first token."""
-        decode_ms = 1000.0 * self.tokens / tok_s - self.first_ms.get(setting, self.nospec_first_ms)
+        decode_ms = 1000.0 * self.tokens / tok_s - self.first(setting)
         return tau * decode_ms / ((self.tokens - 1) * self.step_ms)
 
     def speedup(self, setting: str, tau: float, cycle: float) -> float:
         """Whole-request speedup of ``setting`` at ``tau`` tokens per cycle of ``cycle``
         decode steps, for requests of ``self.tokens`` output tokens."""
         decode = (self.tokens - 1) * self.step_ms
-        first = self.first_ms.get(setting, self.nospec_first_ms)
-        return (self.nospec_first_ms + decode) / (first + decode * cycle / tau)
+        return (self.nospec_first_ms + decode) / (self.first(setting) + decode * cycle / tau)
 
 
 def _number(value: Any) -> float | None:

@@ -337,9 +337,10 @@ def check_against(advice: Mapping[str, Any], measured_rows: Mapping[Setting, Map
 
 
 def render(advice: Mapping[str, Any]) -> str:
-    header = ("setting", "tau", "cycle", "speedup", "decode", "eta")
-    lines = [f"{header[0]:<10} {header[1]:>6} {header[2]:>6} {header[3]:>8} {header[4]:>7} "
-             f"{header[5]:>5}  tau from"]  # fmt: skip
+    lines = [
+        f"{'setting':<10} {'tau':>6} {'cycle':>6} {'speedup':>8} {'decode':>7} {'eta':>5}"
+        "  tau from",
+    ]
     for r in advice["rows"]:
         tau = f"{r['tau']:.3f}" if r["tau"] is not None else "-"
         speed = f"{r['speedup']:.2f}x" if r["speedup"] is not None else "-"
