@@ -460,27 +460,59 @@ def aggregate(measurements: Sequence[Mapping[str, Any]]) -> dict[tuple[str, int]
     out = {}
     for key, ms in groups.items():
         timed = sorted((m for m in ms if m.get("tok_s")), key=lambda m: m["round"])
-        if not timed:
-            continue
-        toks = [m["tok_s"] for m in timed]
-        verify = sum(m.get("verify") or 0 for m in timed)
-        vtokens = sum(m.get("verify_tokens") or 0 for m in timed if m.get("verify"))
-        tpots = [m["tpot_ms"] for m in timed if m.get("tpot_ms") is not None]
-        ttfts = [m["ttft_ms"] for m in timed if m.get("ttft_ms") is not None]
-        out[key] = {
-            "tok_s": statistics.median(toks),
-            "tok_s_min": min(toks),
-            "tok_s_max": max(toks),
-            "tok_s_mean": statistics.fmean(toks),
-            "tok_s_rounds": {m["round"]: m["tok_s"] for m in timed},
-            "latency_rounds": [m.get("latency_s") or [] for m in timed],
-            "decode_rounds": [m.get("decode_s") or [] for m in timed],
-            "tau": vtokens / verify if verify else None,
-            "tpot_ms": statistics.median(tpots) if tpots else None,
-            "ttft_ms": statistics.median(ttfts) if ttfts else None,
-            "errors": sum(m.get("errors", 0) for m in ms),
-        }
+        if timed:
+            out[key] = {**summarize_rounds(timed), "errors": sum(m.get("errors", 0) for m in ms)}
     return out
+
+
+def summarize_rounds(timed: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One server's figures at one batch from its timed rounds (in round order); the rounds
+    themselves are kept (``measured``) so that two servers can be compared on the rounds both
+    finished (``common_rounds``)."""
+    toks = [m["tok_s"] for m in timed]
+    verify = sum(m.get("verify") or 0 for m in timed)
+    vtokens = sum(m.get("verify_tokens") or 0 for m in timed if m.get("verify"))
+    tpots = [m["tpot_ms"] for m in timed if m.get("tpot_ms") is not None]
+    ttfts = [m["ttft_ms"] for m in timed if m.get("ttft_ms") is not None]
+    return {
+        "tok_s": statistics.median(toks),
+        "tok_s_min": min(toks),
+        "tok_s_max": max(toks),
+        "tok_s_mean": statistics.fmean(toks),
+        "tok_s_rounds": {m["round"]: m["tok_s"] for m in timed},
+        "latency_rounds": [m.get("latency_s") or [] for m in timed],
+        "decode_rounds": [m.get("decode_s") or [] for m in timed],
+        "tau": vtokens / verify if verify else None,
+        "tpot_ms": statistics.median(tpots) if tpots else None,
+        "ttft_ms": statistics.median(ttfts) if ttfts else None,
+        "errors": sum(m.get("errors", 0) for m in timed),
+        "measured": list(timed),
+    }
+
+
+def common_rounds(*entries: Mapping[str, Any] | None) -> tuple[Mapping[str, Any] | None, ...]:
+    """The servers' figures on the rounds all of them finished: a run cut inside a round
+    leaves one server with a round the other lacks, and a server's time moves with its place
+    in the round order (rotate), so a comparison reads the same rounds on both sides. Entries
+    as they are where their rounds already agree (or were built without ``measured``)."""
+    if any(e is None for e in entries):
+        return entries
+    rounds = [set(e.get("tok_s_rounds", {})) for e in entries]
+    shared = set.intersection(*rounds)
+    if all(r == shared for r in rounds) or not shared:
+        return entries
+    if any("measured" not in e for e in entries):
+        return entries
+    return tuple(
+        e
+        if r == shared
+        else {
+            **summarize_rounds([m for m in e["measured"] if m["round"] in shared]),
+            "tau": e["tau"],  # acceptance is not timing: every round's verify steps count
+            "errors": e.get("errors", 0),
+        }
+        for e, r in zip(entries, rounds, strict=True)
+    )
 
 
 def decode_cycle(tau: float | None, run: Mapping[str, Any], base: Mapping[str, Any]):
@@ -567,9 +599,13 @@ def build_rows(
         "nbr_stock_b": NBR_STOCK_B,
     }
 
-    def tok(name: str | None, b: int) -> float | None:
-        entry = agg.get((name, b)) if name else None
-        return entry["tok_s"] if entry else None
+    def pair(a: str | None, b_: str | None, b: int):
+        """Two servers' entries at batch b on the rounds both finished (common_rounds)."""
+        return common_rounds(agg.get((a, b)) if a else None, agg.get((b_, b)) if b_ else None)
+
+    def ratio(pair_: tuple) -> float | None:
+        a, b_ = pair_
+        return _ratio(a["tok_s"], b_["tok_s"]) if a and b_ else None
 
     # a variant against the main drafter's server at its setting (same drafter, prompts and
     # group): what the variant's switch alone changes, paired by prompt
@@ -587,20 +623,23 @@ def build_rows(
             else None
         )
         for b in batches:
-            base, run = agg.get(("nospec", b)), agg.get((spec["name"], b))
-            speedup = _ratio(tok(spec["name"], b), tok("nospec", b))
+            # every comparison on the rounds both of its servers finished (common_rounds)
+            run, base = pair(spec["name"], "nospec", b)
+            speedup = ratio((run, base))
             tau = run["tau"] if run else None
             eta = _ratio(speedup, tau)
-            pvs = _ratio(tok(pvs_pair[0], b), tok(pvs_pair[1], b)) if pvs_pair else None
-            plugin, stock = (agg.get((n, b)) for n in pvs_pair) if pvs_pair else (None, None)
+            plugin, stock = pair(*pvs_pair, b) if pvs_pair else (None, None)
+            pvs = ratio((plugin, stock))
             pvs_ci = speedup_interval(stock, plugin, b)[0] if plugin and stock else None
             # the same comparison between two stock servers of one configuration
-            second = agg.get((twin, b)) if pvs_pair and twin else None
-            svs = _ratio(tok(twin, b), tok(pvs_pair[1], b)) if second else None
-            svs_ci = speedup_interval(stock, second, b)[0] if second and stock else None
-            plain_run = agg.get((plain, b)) if plain else None
-            vs_plain = _ratio(tok(spec["name"], b), tok(plain, b)) if plain_run else None
-            vs_plain_ci = speedup_interval(plain_run, run, b)[0] if plain_run and run else None
+            second, stock2 = pair(twin, pvs_pair[1], b) if pvs_pair and twin else (None, None)
+            svs = ratio((second, stock2))
+            svs_ci = speedup_interval(stock2, second, b)[0] if second and stock2 else None
+            variant, plain_run = pair(spec["name"], plain, b) if plain else (None, None)
+            vs_plain = ratio((variant, plain_run))
+            vs_plain_ci = (
+                speedup_interval(plain_run, variant, b)[0] if plain_run and variant else None
+            )
             missing = [n for n, e in (("nospec", base), (spec["name"], run)) if e is None]
             per_round = []
             for r in sorted((run or {}).get("tok_s_rounds", {})):
@@ -633,8 +672,8 @@ def build_rows(
                     "server": spec["name"],
                     "overlap": NO_OVERLAP not in [*server_args, *(spec.get("extra") or [])],
                     "draft_vocab": spec.get("draft_vocab"),
-                    "nospec_tok_s": _r(tok("nospec", b), 2),
-                    "spec_tok_s": _r(tok(spec["name"], b), 2),
+                    "nospec_tok_s": _r(base.get("tok_s"), 2),
+                    "spec_tok_s": _r(run.get("tok_s"), 2),
                     "spec_tok_s_min": _r(run.get("tok_s_min"), 2),
                     "spec_tok_s_max": _r(run.get("tok_s_max"), 2),
                     "tau": _r(tau),
@@ -691,10 +730,11 @@ def pooled_pairs(
     its interval resampling the prompts, each with all four servers' times; larger batches:
     the plugin servers' tok/s summed over the stock servers' (no interval). None where a
     server did not measure."""
-    entries = [(agg.get((p, batch)), agg.get((s, batch))) for p, s in pairs]
-    if any(e is None for pair in entries for e in pair):
+    entries = [agg.get((name, batch)) for pair in pairs for name in pair]
+    if any(e is None for e in entries):
         return None
-    (plugin_a, stock_a), (plugin_b, stock_b) = entries
+    # the four on the rounds all of them finished (common_rounds)
+    plugin_a, stock_a, plugin_b, stock_b = common_rounds(*entries)
     # batch 1: each prompt's (stock a + stock b, plugin a + plugin b) times
     kept = four_server_times((stock_a, stock_b), (plugin_a, plugin_b)) if batch == 1 else []
     if kept:

@@ -242,6 +242,35 @@ def test_rows_speedup_eta_plugin_vs_stock_best_and_goals():
     assert goals["plugin_vs_stock"] is None and goals["plugin_vs_stock_ge_0_99"] is None
 
 
+def test_a_pair_cut_inside_a_round_is_compared_on_the_rounds_both_finished():
+    """2026-12-03: the bench limit stopped a group inside round 1, after the stock server's
+    second round and before the plugin's; pairing the plugin's round 0 with the mean of the
+    stock server's two rounds read the rotation (who ran first) as a plugin/stock gap."""
+    ms = [m for m in _measurements() if not m["server"].startswith("nbrfalse")]
+    lat = {"p": ([1.0, 2.0, 3.0], None), "s": ([1.0, 2.0, 3.0], [0.5, 1.0, 1.5])}
+    for name, key in (("nbrfalse-plugin-5-1-6", "p"), ("nbrfalse-stock-5-1-6", "s")):
+        for r, latency in enumerate(lat[key]):
+            if latency is not None:
+                m = _m(name, 1, r, 6 / sum(latency) * 100, verify=300)
+                ms.append(m | {"latency_s": latency})
+    agg = bs.aggregate(ms)
+    plugin, stock = agg[("nbrfalse-plugin-5-1-6", 1)], agg[("nbrfalse-stock-5-1-6", 1)]
+    assert set(plugin["tok_s_rounds"]) == {0} and set(stock["tok_s_rounds"]) == {0, 1}
+    p2, s2 = bs.common_rounds(plugin, stock)
+    assert set(s2["tok_s_rounds"]) == {0} and s2["tau"] == stock["tau"]
+    assert p2 is plugin  # already on round 0 alone: its figures as they are
+    rows = bs.build_rows(agg, SPECS, [1], STATUSES)
+    row = _row(rows, bs.NBR_PLUGIN, (5, 1, 6), 1)
+    # round 0: the same times on both servers, so 1 with a zero-width interval
+    assert row["plugin_vs_stock"] == 1.0 and row["plugin_vs_stock_ci95"] == [1.0, 1.0]
+    # every round of both, as before the cut, would have read the stock's faster round 1
+    assert bs._ratio(plugin["tok_s"], stock["tok_s"]) < 0.8
+    # rounds already alike: nothing recomputed
+    agg_full = bs.aggregate(_measurements())
+    pair = agg_full[("nospec", 1)], agg_full[("spec-3-1-4", 1)]
+    assert bs.common_rounds(*pair) == pair
+
+
 def test_summarize_measurement_from_request_results():
     results = [
         RequestResult(0, True, completion_tokens=256, tpot_s=0.004, ttft_s=0.1,
@@ -683,11 +712,14 @@ def test_committed_speed_results_are_self_consistent(path):
         assert row["speedup"] == pytest.approx(row["spec_tok_s"] / row["nospec_tok_s"], rel=1e-3)
         assert row["eta"] == pytest.approx(row["speedup"] / row["tau"], rel=1e-3)
         again = recomputed(row.get("group", 0))
-        assert again[(row["server"], row["batch"])]["tok_s"] == pytest.approx(
-            row["spec_tok_s"], 1e-3
-        )
-        assert again[("nospec", row["batch"])]["tok_s"] == pytest.approx(
-            row["nospec_tok_s"], 1e-3
+        whole = again[(row["server"], row["batch"])], again[("nospec", row["batch"])]
+        # on the rounds both finished (common_rounds); a run's own file written on the node
+        # before that (no `rebuilt`) took every round each server finished
+        ways = [bs.common_rounds(*whole)] + ([whole] if not data.get("rebuilt") else [])
+        assert any(
+            run["tok_s"] == pytest.approx(row["spec_tok_s"], 1e-3)
+            and base["tok_s"] == pytest.approx(row["nospec_tok_s"], 1e-3)
+            for run, base in ways
         )
     if data.get("rebuilt"):  # derived again from a committed run: the same as rebuilding it
         source = json.loads((RESULTS.parent.parent.parent / data["rebuilt"]["from"]).read_text())
@@ -703,7 +735,7 @@ def test_committed_speed_results_are_self_consistent(path):
         if data.get("best") and fresh.get("best"):
             fresh["best"] = {k: fresh["best"][k] for k in data["best"]}
         for key in ("rows", "best", "goals", "cycle_breakdown"):
-            assert data[key] == fresh[key], key
+            assert data.get(key) == fresh.get(key), key
 
 
 def test_profile_server_asks_sglang_to_profile_and_reads_its_trace(tmp_path, monkeypatch):
