@@ -54,6 +54,7 @@ from sglang_ext_tools.trace_breakdown import (
     steady_breakdown,
     top_kernels,
 )
+from sglang_ext_tools.trace_host import host_breakdown
 
 SCHEMA_VERSION = 1
 MAIN = "speculators (plugin)"
@@ -921,6 +922,15 @@ def cycle_breakdown(
                 f"{family}_per_verify": (families.get(family) or {}).get("calls_per_cycle")
                 for family in ("flash_attention", "merge_state")
             },
+            # the traced host per cycle (trace_host): its calls, and its wait for the GPU
+            **(
+                {
+                    "traced_host_calls": profile["host"]["calls_per_cycle"],
+                    "traced_host_sync_ms": profile["host"]["sync_ms"],
+                }
+                if profile.get("host")
+                else {}
+            ),
         }
     return {
         "baseline": {
@@ -1433,10 +1443,13 @@ def profile_server(server: Server, prompt: Any, args: argparse.Namespace) -> dic
         try:
             path = newest_trace(out_dir)
             time.sleep(2)  # let the writer finish the file
-            graphs = group_kernels(load_trace(path))  # grouped once for the four analyses
+            trace = load_trace(path)
+            graphs = group_kernels(trace)  # grouped once for the four analyses
             out = {
                 **breakdown(graphs),
                 "steady": steady_breakdown(graphs),
+                # the scheduler thread's side: launches, copies and waits per cycle
+                "host": host_breakdown(trace),
                 # which attention path ran (cascade for trees: merge_state) and the costliest
                 # kernels: the traces themselves stay on the node
                 "kernel_families": kernel_families(graphs),

@@ -783,6 +783,8 @@ def test_profile_server_asks_sglang_to_profile_and_reads_its_trace(tmp_path, mon
     # the trace stays on the node: which kernels ran comes back in the record
     assert out["top_kernels"]["target_graph"][0]["calls_per_cycle"] == 40.0
     assert out["kernel_families"]["target_graph"]["merge_state"]["calls_per_cycle"] == 0.0
+    # and the host's side of the same cycles (trace_host): three graph launches each
+    assert out["host"]["calls_per_cycle"]["graph_launch"] == 3.0
 
 
 def test_a_flag_variant_runs_the_main_drafter_with_that_server_argument():
