@@ -632,6 +632,10 @@ def build_rows(
             plugin, stock = pair(*pvs_pair, b) if pvs_pair else (None, None)
             pvs = ratio((plugin, stock))
             pvs_ci = speedup_interval(stock, plugin, b)[0] if plugin and stock else None
+            # the same after each request's first token (TPOT; prompts' decode times paired)
+            pvs_decode, pvs_decode_ci = (
+                decode_speedup(stock, plugin, b) if plugin and stock else (None, None)
+            )
             # the same comparison between two stock servers of one configuration
             second, stock2 = pair(twin, pvs_pair[1], b) if pvs_pair and twin else (None, None)
             svs = ratio((second, stock2))
@@ -686,6 +690,8 @@ def build_rows(
                     "prompts": len(run.get("latency_rounds", [[]])[0]) if run else None,
                     "plugin_vs_stock": _r(pvs),
                     "plugin_vs_stock_ci95": pvs_ci,
+                    "plugin_vs_stock_decode": _r(pvs_decode),
+                    "plugin_vs_stock_decode_ci95": pvs_decode_ci,
                     **(
                         {"stock_vs_stock": _r(svs), "stock_vs_stock_ci95": svs_ci}
                         if twin and pvs_pair

@@ -251,7 +251,9 @@ def test_a_pair_cut_inside_a_round_is_compared_on_the_rounds_both_finished():
     for name, key in (("nbrfalse-plugin-5-1-6", "p"), ("nbrfalse-stock-5-1-6", "s")):
         for r, latency in enumerate(lat[key]):
             if latency is not None:
-                m = _m(name, 1, r, 6 / sum(latency) * 100, verify=300)
+                slower = 1.02 if key == "p" else 1.0  # the plugin 2 % slower after token 1
+                m = _m(name, 1, r, 6 / sum(latency) * 100, verify=300, tpot=2.0 * slower,
+                       decode=[x * 0.8 * slower for x in latency])  # fmt: skip
                 ms.append(m | {"latency_s": latency})
     agg = bs.aggregate(ms)
     plugin, stock = agg[("nbrfalse-plugin-5-1-6", 1)], agg[("nbrfalse-stock-5-1-6", 1)]
@@ -263,6 +265,10 @@ def test_a_pair_cut_inside_a_round_is_compared_on_the_rounds_both_finished():
     row = _row(rows, bs.NBR_PLUGIN, (5, 1, 6), 1)
     # round 0: the same times on both servers, so 1 with a zero-width interval
     assert row["plugin_vs_stock"] == 1.0 and row["plugin_vs_stock_ci95"] == [1.0, 1.0]
+    # and after each request's first token: TPOT's ratio, decode times paired by prompt
+    assert row["plugin_vs_stock_decode"] == pytest.approx(1 / 1.02, abs=1e-4)
+    low, high = row["plugin_vs_stock_decode_ci95"]
+    assert low == pytest.approx(1 / 1.02, abs=1e-3) and high == pytest.approx(1 / 1.02, abs=1e-3)
     # every round of both, as before the cut, would have read the stock's faster round 1
     assert bs._ratio(plugin["tok_s"], stock["tok_s"]) < 0.8
     # rounds already alike: nothing recomputed
