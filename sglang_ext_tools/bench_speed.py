@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import shlex
 import statistics
 import sys
@@ -43,6 +44,7 @@ from typing import Any
 import sglang_ext
 from sglang_ext.cli.bench import BenchError, RequestSpec, load_prompts, run_benchmark
 from sglang_ext.cli.bench_report import RequestResult
+from sglang_ext_tools import cpu_pinning
 from sglang_ext_tools.launch import DEFAULT_SPEC, STOCK_ENV, Server, start_all, stop_all
 from sglang_ext_tools.stats import bootstrap_ratio_ci
 from sglang_ext_tools.trace_breakdown import (
@@ -1360,6 +1362,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="after the rounds, profile one batch-1 request per server (torch "
         "profiler via /start_profile) and add a per-cycle time breakdown",
     )
+    p.add_argument(
+        "--pin-cpus",
+        metavar="PLAN",
+        help="the same cores for each part of every server (cpu_pinning): 'auto', or "
+        "'client=0-1;scheduler=2-3;detokenizer=4;server=5-6'",
+    )
     p.add_argument("--profile-steps", type=_positive_int, default=40)
     p.add_argument("--profile-dir", help="trace folder (default: LOG_DIR/profiles)")
     return p
@@ -1405,6 +1413,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         spec["draft_vocab"] = draft_vocab(drafter_path(spec, args))
     try:
         args.groups = plan_groups(args.specs, args.at_once)
+        args.pin_plan = cpu_pinning.parse_plan(args.pin_cpus) if args.pin_cpus else None
     except ValueError as exc:
         parser.error(str(exc))
     return args
@@ -1753,12 +1762,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         {spec["name"]: by_name[spec["alias_of"]] for spec in specs if spec.get("alias_of")}
     )
     brought_up: set[str] = set()
+    pinned: dict[str, dict[str, int]] = {}  # server -> role -> threads pinned
+    if args.pin_plan:  # this process sends the requests; its later threads inherit this
+        os.sched_setaffinity(0, args.pin_plan["client"])
 
     def snapshot(aborted: str | None, partial: str | None = None) -> dict[str, Any]:
-        return assemble(
+        result = assemble(
             args, argv, specs, servers, measurements, profiles, date, started, aborted,
             source, len(prompts), partial=partial,
         )  # fmt: skip
+        if args.pin_plan:
+            result["cpu_pinning"] = {
+                "plan": cpu_pinning.describe(args.pin_plan),
+                "threads_pinned": pinned,
+            }
+        return result
 
     def checkpoint(partial: str) -> None:
         """The result so far, on disk after each measurement: the node's watcher copies it
@@ -1775,6 +1793,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             brought_up.update(s.name for s in up)
             for s in up:
                 print(f"{s.name}: {s.status} after {s.ready_after_s} s", file=sys.stderr)
+                if args.pin_plan and s.status == "ready" and s.process:
+                    pinned[s.name] = cpu_pinning.pin_group(s.process.pid, args.pin_plan)
             for s in up:
                 if s.status == "ready":
                     for w in warmup_plan(args.batches):

@@ -1219,3 +1219,49 @@ def test_second_pair_pools_two_plugin_stock_comparisons(prompts_file, tmp_path, 
     assert set(bs.SECOND_PAIR_GOALS) <= set(goals)  # what seed_shape_result carries over
     with pytest.raises(SystemExit):  # the second pair needs the first
         bs.parse_args(_argv(prompts_file, "--second-pair", nbr=False))
+
+
+def test_pin_cpus_pins_every_server_the_same_way_and_the_result_says_how(
+    prompts_file, tmp_path, monkeypatch
+):
+    """--pin-cpus: the client (this process) on its cores before any request, each server's
+    process group pinned by role once it is up, the plan and the threads in the JSON."""
+    import types
+
+    from sglang_ext_tools import cpu_pinning
+
+    def ready_with_pids(servers, timeout):
+        for k, s in enumerate(servers):
+            s.status, s.process = "ready", types.SimpleNamespace(pid=1000 + k)
+        return {s.name: s.status for s in servers}
+
+    pinned, client = [], []
+    monkeypatch.setattr(bs, "start_all", ready_with_pids)
+    monkeypatch.setattr(bs, "stop_all", lambda servers: None)
+    monkeypatch.setattr(Server, "alive", lambda self: True)
+    monkeypatch.setattr(Server, "wait_gone", lambda self: True)
+    monkeypatch.setattr(bs, "gpu_info", lambda: {"name": "FakeGPU"})
+    monkeypatch.setattr(bs.os, "sched_setaffinity", lambda pid, cpus: client.append(cpus))
+    monkeypatch.setattr(
+        cpu_pinning, "pin_group",
+        lambda pgid, plan: pinned.append(pgid) or {"scheduler": 3, "detokenizer": 1, "server": 4},
+    )  # fmt: skip
+    monkeypatch.setattr(
+        bs, "_run",
+        lambda server, prompts, c, n: _fake_requests(server.name, len(prompts), n, 100.0),
+    )  # fmt: skip
+    plan = "client=0;scheduler=1;detokenizer=2;server=3"
+    monkeypatch.setattr(cpu_pinning.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    out_json = tmp_path / "r.json"
+    argv = _argv(prompts_file, "--settings", "3,1,4", "--batches", "1", "--rounds", "1",
+                 "--batch1-requests", "4", "--max-new-tokens", "16", "--pin-cpus", plan,
+                 "--log-dir", str(tmp_path / "logs"), "--out-json", str(out_json),
+                 nbr=False)  # fmt: skip
+    assert bs.main(argv) == 0
+    data = json.loads(out_json.read_text())
+    assert client == [frozenset({0})]
+    assert pinned == [1000, 1001]  # nospec and spec-3-1-4, each once
+    assert data["cpu_pinning"]["plan"] == {
+        "client": [0], "scheduler": [1], "detokenizer": [2], "server": [3],
+    }  # fmt: skip
+    assert data["cpu_pinning"]["threads_pinned"]["spec-3-1-4"]["scheduler"] == 3

@@ -1,0 +1,107 @@
+"""sglang_ext_tools.cpu_pinning: the plan's grammar, the roles found from SGLang's process
+titles, and a real process group pinned through /proc on this machine."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sglang_ext_tools import bench_speed as bs
+from sglang_ext_tools import cpu_pinning as cp
+
+EIGHT = frozenset(range(8))
+
+
+def test_cpu_lists_and_explicit_plans():
+    assert cp.parse_cpus("0-2,5") == {0, 1, 2, 5}
+    plan = cp.parse_plan("client=0-1;scheduler=2-3;detokenizer=4;server=5-6", EIGHT)
+    assert plan == {"client": {0, 1}, "scheduler": {2, 3}, "detokenizer": {4}, "server": {5, 6}}
+    assert cp.describe(plan)["scheduler"] == [2, 3]
+
+
+def test_auto_takes_the_first_cores_this_process_may_use_in_role_order():
+    plan = cp.parse_plan("auto", frozenset({3, 4, 5, 6, 7, 8, 9, 10}))
+    assert plan == {"client": {3, 4}, "scheduler": {5, 6}, "detokenizer": {7}, "server": {8, 9}}
+    with pytest.raises(ValueError, match="needs 7 cores"):
+        cp.parse_plan("auto", frozenset({0, 1}))
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("client=0;scheduler=1;detokenizer=2", "no cores for \\['server'\\]"),
+        ("client=0;scheduler=0;detokenizer=2;server=3", "scheduler shares cores \\[0\\]"),
+        ("client=0;scheduler=1;detokenizer=2;server=9", "server asks for cores \\[9\\]"),
+        ("client=0;sched=1;detokenizer=2;server=3", "'sched=1' is not ROLE=CPUS"),
+        ("client=a;scheduler=1;detokenizer=2;server=3", "expected numbers and ranges"),
+    ],
+)
+def test_bad_plans_name_what_is_wrong(text, message):
+    with pytest.raises(ValueError, match=message):
+        cp.parse_plan(text, EIGHT)
+
+
+def test_bench_speed_refuses_a_bad_plan_as_an_argument_error(tmp_path, capsys):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"input_ids": [1, 2]}\n')
+    argv = ["--target", "T", "--drafter", "D", "--prompts", str(prompts)]
+    with pytest.raises(SystemExit):
+        bs.parse_args([*argv, "--pin-cpus", "client=0;scheduler=0;detokenizer=1;server=2"])
+    assert "scheduler shares cores [0]" in capsys.readouterr().err
+    assert bs.parse_args(argv).pin_plan is None
+
+
+def _fake_proc(root: Path, procs: dict[int, tuple[int, str, list[int]]]) -> Path:
+    """/proc with pid -> (pgid, cmdline, thread ids)."""
+    for pid, (pgid, cmdline, tids) in procs.items():
+        d = root / str(pid)
+        (d / "task").mkdir(parents=True)
+        (d / "stat").write_text(f"{pid} (python3) S 1 {pgid} {pgid} 0 0")
+        (d / "cmdline").write_bytes(cmdline.replace(" ", "\0").encode() + b"\0")
+        for tid in tids:
+            (d / "task" / str(tid)).mkdir()
+    return root
+
+
+def test_roles_come_from_sglangs_process_titles_and_every_thread_is_pinned(tmp_path):
+    proc = _fake_proc(tmp_path, {
+        100: (100, "python -m sglang.launch_server --model-path T", [100, 101]),
+        110: (100, "sglang::scheduler", [110, 111, 112]),
+        120: (100, "sglang::detokenizer", [120]),
+        200: (200, "sglang::scheduler", [200]),  # another server's: not this group
+    })  # fmt: skip
+    assert cp.group_processes(100, proc) == {100: "server", 110: "scheduler", 120: "detokenizer"}
+    calls = {}
+    plan = cp.parse_plan("auto", EIGHT)
+    out = cp.pin_group(100, plan, proc, setaffinity=lambda tid, cpus: calls.__setitem__(tid, cpus))
+    assert out == {"scheduler": 3, "detokenizer": 1, "server": 2}
+    assert calls[111] == plan["scheduler"] and calls[120] == plan["detokenizer"]
+    assert calls[101] == plan["server"] and 200 not in calls
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
+def test_a_real_process_group_is_pinned_thread_by_thread():
+    allowed = sorted(os.sched_getaffinity(0))
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import threading, time; "
+         "threading.Thread(target=time.sleep, args=(30,), daemon=True).start(); time.sleep(30)"],
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.time() + 10
+        while len(list(Path(f"/proc/{child.pid}/task").glob("*"))) < 2:
+            assert time.time() < deadline, "the child's second thread never started"
+            time.sleep(0.05)
+        one = frozenset(allowed[:1])
+        plan = {"client": one, "scheduler": one, "detokenizer": one, "server": one}
+        assert cp.pin_group(child.pid, plan)["server"] == 2
+        for task in Path(f"/proc/{child.pid}/task").glob("*"):
+            assert os.sched_getaffinity(int(task.name)) == one
+    finally:
+        child.kill()
+        child.wait()
