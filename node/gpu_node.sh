@@ -37,7 +37,10 @@
 #                                              training site; the benchmark waits for
 #                                              one-install); SPEED_BACKENDS="triton
 #                                              flashinfer" adds each backend's plugin/stock
-#                                              pair after it (result/backends.tgz)
+#                                              pair after it (result/backends.tgz);
+#                                              BENCH_PIN_CPUS=auto pins every server's
+#                                              parts alike (bench_speed --pin-cpus; the
+#                                              seed-shape bench reads it too)
 #   bash node/gpu_node.sh ferry-recv           carry .ferry/BUNDLE/part-KK + manifest.json
 #   bash node/gpu_node.sh one-install BUNDLE [LEFT_S]
 #                                              then speed-wait [SECS] as above (LEFT_S: the
@@ -515,7 +518,7 @@ seed-shape-bench)
             --drafter "$MLA/wide-drafter" --prompts "$MLA/prompts.jsonl" \
             --settings 3,1,4 5,1,6 3,4,5 --attention-backend fa3 --max-new-tokens 128 \
             --batch1-requests 16 --at-once 4 --mem-fraction 0.9 --max-total-tokens 16384 \
-            --startup-timeout 300 "$@"
+            --startup-timeout 300 ${BENCH_PIN_CPUS:+--pin-cpus "$BENCH_PIN_CPUS"} "$@"
     }
     # SGLang ships no fused-MoE kernel config for this shape: every server of 2026-12-03 logged
     # "Using default MoE kernel config ... E=32,N=256,device_name=NVIDIA_H200". Tune one on
@@ -694,8 +697,8 @@ speed-bench)
         --drafter-nbr-false "$SPEED/drafter-8b-nbr-false" \
         --drafter-nbr-false-sglang "$SPEED/drafter-8b-nbr-false-sglang" \
         --prompts "$SPEED/prompts.jsonl" --fixtures-json "$SPEED/speed-fixtures.json" \
-        --log-dir "$LOGS" --out-json "$OUT/speed.json" --out-png "$OUT/speed.png" "$@" \
-        2>&1 | tee "$OUT/bench.log"
+        --log-dir "$LOGS" --out-json "$OUT/speed.json" --out-png "$OUT/speed.png" \
+        ${BENCH_PIN_CPUS:+--pin-cpus "$BENCH_PIN_CPUS"} "$@" 2>&1 | tee "$OUT/bench.log"
     status=${PIPESTATUS[0]}
     # traces stay out (tens of MB; bench_speed puts their breakdown in its JSON's `profiles`)
     tar -czf "$OUT/server-logs.tgz" --exclude="*.trace.json.gz" -C "$LOGS" . 2>/dev/null

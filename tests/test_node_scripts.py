@@ -197,3 +197,24 @@ def test_the_waits_bring_a_prepared_bundle_back_in_the_room_their_files_leave(tm
     joined = ferry.join(tmp_path / "ferry" / "mla-fixtures.tar" / "manifest.json",
                         tmp_path / "ferry" / "mla-fixtures.tar", tmp_path / "joined")  # fmt: skip
     assert joined.read_bytes() == bundle.read_bytes()
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+@pytest.mark.parametrize("pin", ["auto", None])
+def test_speed_bench_hands_bench_pin_cpus_to_the_benchmark(tmp_path, pin):
+    """BENCH_PIN_CPUS becomes bench_speed's --pin-cpus (cpu_pinning), before the step's own
+    arguments; unset, the benchmark runs unpinned as before."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "python3").write_text(f'#!/bin/sh\necho "$@" > {tmp_path / "args"}\n')
+    (fake / "python3").chmod(0o755)
+    env = {"PATH": f"{fake}:/usr/bin:/bin", "OUT": str(tmp_path / "out"), "HOME": str(tmp_path)}
+    if pin:
+        env["BENCH_PIN_CPUS"] = pin
+    subprocess.run(["bash", str(SCRIPT), "speed-bench", "--rounds", "1"], env=env, cwd=ROOT,
+                   capture_output=True, check=False, timeout=60)  # fmt: skip
+    args = (tmp_path / "args").read_text().split()
+    assert args[:2] == ["-m", "sglang_ext_tools.bench_speed"] and args[-2:] == ["--rounds", "1"]
+    assert ("--pin-cpus" in args) is bool(pin)
+    if pin:
+        assert args[args.index("--pin-cpus") + 1] == "auto"
