@@ -270,6 +270,8 @@ def make_servers(specs: Sequence[Mapping[str, Any]], args: argparse.Namespace) -
             log_dir=Path(args.log_dir),
             spec=tuple(spec["setting"] or DEFAULT_SPEC),
             attention_backend=args.attention_backend,
+            prefill_graph=args.prefill_graph,
+            prefill_graph_max_tokens=args.prefill_graph_max_tokens,
             extra=server_extra_args(args) + list(spec.get("extra") or []),
         )
         for k, spec in enumerate(specs)
@@ -1343,6 +1345,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-total-tokens", type=_positive_int, help="fixed KV pool size per server (tokens)"
     )
     p.add_argument("--server-args", default="", help="extra flags for every server (one string)")
+    p.add_argument(
+        "--prefill-graph",
+        choices=("disabled", "breakable"),
+        default="disabled",
+        help="every server's prefill CUDA graph (SGLang 0.5.23's default is breakable; off by "
+        "default here: each server's capture took ~80 s). It shortens each request's first "
+        "token, which a batch-1 speedup over whole requests weighs",
+    )
+    p.add_argument(
+        "--prefill-graph-max-tokens",
+        type=_positive_int,
+        default=512,
+        help="with --prefill-graph: the longest prefill captured (longer ones run eager)",
+    )
     p.add_argument(
         "--acceptance-dir",
         help="plugin servers write their per-request acceptance records to DIR/SERVER.jsonl "

@@ -26,7 +26,9 @@ from pathlib import Path
 
 # Flags that served on the H200 node with SGLang 0.5.17 and 0.5.23; the
 # attention backend is a Server field (triton gave a cheaper EAGLE-3 cycle than flashinfer);
-# prefill CUDA graphs cost ~80 s. --sleep-on-idle: an idle SGLang scheduler otherwise spins a
+# so is the prefill CUDA graph (off here: capturing it cost ~80 s a server; SGLang 0.5.23's
+# default is "breakable", which its EAGLE v2 worker captures for the drafter too,
+# eagle_worker_v2.py). --sleep-on-idle: an idle SGLang scheduler otherwise spins a
 # core at 100 % (scheduler.py:Scheduler.on_idle runs its checks in a loop unless
 # maybe_sleep_on_idle polls the sockets); the suite keeps up to 14 servers on one 16-core
 # node, and in the eighth run (2026-12-02) the CPU-bound speculative server's latency for the
@@ -35,8 +37,6 @@ BASE_FLAGS = [
     "--sleep-on-idle",
     "--sampling-backend",
     "pytorch",
-    "--cuda-graph-backend-prefill",
-    "disabled",
     "--skip-tokenizer-init",
     "--disable-radix-cache",
     "--log-level",
@@ -105,6 +105,10 @@ class Server:
     # fraction with a fixed --max-total-tokens keeps each pool small and the check passing.
     max_total_tokens: int | None = None
     attention_backend: str = "triton"
+    # --cuda-graph-backend-prefill; with a graph, --cuda-graph-max-bs-prefill (prefill's
+    # "batch size" is its token count: longer prefills run eager)
+    prefill_graph: str = "disabled"
+    prefill_graph_max_tokens: int | None = None
 
     @property
     def url(self) -> str:
@@ -132,7 +136,11 @@ class Server:
             "--attention-backend",
             self.attention_backend,
             *BASE_FLAGS,
+            "--cuda-graph-backend-prefill",
+            self.prefill_graph,
         ]
+        if self.prefill_graph != "disabled" and self.prefill_graph_max_tokens:
+            cmd += ["--cuda-graph-max-bs-prefill", str(self.prefill_graph_max_tokens)]
         if self.draft:
             cmd += ["--speculative-draft-model-path", self.draft, *spec_flags(self.spec)]
         if self.gpu:

@@ -667,6 +667,12 @@ def test_launch_flags_parse_in_the_installed_sglang_and_idle_servers_sleep():
     assert args.sleep_on_idle is True
     assert args.skip_tokenizer_init and args.disable_radix_cache
     assert args.speculative_algorithm == "EAGLE3" and args.max_total_tokens == 4096
+    assert args.cuda_graph_backend_prefill == "disabled"
+    # bench_speed --prefill-graph breakable: SGLang's default prefill graph, up to 512 tokens
+    graph = Server("s", "m", 1, "d", prefill_graph="breakable", prefill_graph_max_tokens=512)
+    cmd = graph.command()
+    args = prepare_server_args(cmd[cmd.index("--model-path") :])
+    assert args.cuda_graph_backend_prefill == "breakable" and args.cuda_graph_max_bs_prefill == 512
 
 
 def test_speed_fixture_manifest_is_summarized_per_stage():
