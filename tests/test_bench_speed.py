@@ -1182,6 +1182,11 @@ def test_cycle_breakdown_of_steady_cycles_takes_the_prefill_out_of_the_timed_fig
     assert parts["other_kernels"] == pytest.approx(0.05 / step, abs=1e-4)
     assert parts["host"] == pytest.approx((cycle - 5.7) / step, abs=1e-4)
     assert chain["traced_gpu_idle_before_ms"] == {"target_graph": 0.4}
+    assert "traced_host_sync_ms" not in chain  # a trace read before trace_host
+    profiles["spec-3-1-4"]["host"] = {"calls_per_cycle": {"eager_launch": 41.0}, "sync_ms": 0.02}
+    chain = bs.cycle_breakdown(profiles, SPECS, rows, new_tokens=128)["servers"]["spec-3-1-4"]
+    assert chain["traced_host_calls"] == {"eager_launch": 41.0}
+    assert chain["traced_host_sync_ms"] == 0.02
     # without the completion length (or a steady baseline): the window split, as before
     assert bs.cycle_breakdown(profiles, SPECS, rows)["servers"]["spec-3-1-4"]["split"] == "window"
 
