@@ -98,6 +98,15 @@ def host_breakdown(trace: Mapping[str, Any], top: int = 8) -> dict[str, Any] | N
             entry[0] += 1
             entry[1] += e.get("dur", 0)
     ops = [e for e in mine if e.get("cat") == "cpu_op"]
+    # every other thread that called CUDA in the window (a scheduler that launches from one
+    # thread and waits on results in another shows its wait there)
+    others: dict[tuple, list[float]] = {}
+    for e in events:
+        where = (e.get("pid"), e.get("tid"))
+        if e.get("cat") == "cuda_runtime" and where != thread and start <= e["ts"] < end:
+            entry = others.setdefault(where, [0, 0.0])
+            entry[0] += 1
+            entry[1] += e.get("dur", 0) if kind(e["name"]) == "sync" else 0.0
 
     def per(value: float, nd: int = 2) -> float:
         return round(value / cycles, nd)
@@ -114,5 +123,9 @@ def host_breakdown(trace: Mapping[str, Any], top: int = 8) -> dict[str, Any] | N
         "top_calls": [
             {"call": name, "per_cycle": per(n), "ms_per_cycle": per(us / 1000, 4)}
             for name, (n, us) in sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]
+        ],
+        "other_threads": [
+            {"pid": pid, "tid": tid, "calls_per_cycle": per(n), "sync_ms": per(us / 1000, 4)}
+            for (pid, tid), (n, us) in sorted(others.items(), key=lambda kv: -kv[1][0])[:top]
         ],
     }

@@ -47,6 +47,7 @@ def test_calls_per_cycle_on_the_scheduler_thread():
     assert calls["graph_launch"] == 2.0 and calls["eager_launch"] == 12.0
     assert calls["copy"] == 1.0 and calls["sync"] == 1.0
     assert out["cpu_ops_per_cycle"] == 3.0  # the other thread's launch is not counted
+    assert out["other_threads"] == [{"pid": 1, "tid": 9, "calls_per_cycle": 1.0, "sync_ms": 0.0}]
     assert out["sync_ms"] == 0.0
 
 
