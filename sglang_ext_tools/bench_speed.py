@@ -123,27 +123,35 @@ def label(setting: Sequence[int] | None) -> str:
     return ",".join(map(str, setting)) if setting else "-"
 
 
-def parse_variant(text: str) -> tuple[str, str, str]:
+def parse_variant(text: str) -> tuple[str, ...]:
     """``LABEL:KEY=VALUE``: one more plugin server with the main drafter and env KEY=VALUE,
     or, where KEY starts with ``--``, with the server argument ``KEY VALUE`` (e.g.
-    ``fp8draft:--speculative-draft-model-quantization=fp8``). It runs at the compare
-    setting, or at the one a ``LABEL@STEPS,TOPK,DRAFT`` names (``variant_setting``)."""
-    label, sep, assignment = text.partition(":")
-    key, eq, value = assignment.partition("=")
+    ``fp8draft:--speculative-draft-model-quantization=fp8``); several joined by ``+``
+    (``host:A=1+B=1+--flag=x``) go to one server together. It runs at the compare setting,
+    or at the one a ``LABEL@STEPS,TOPK,DRAFT`` names (``variant_setting``). Returns the label
+    followed by each assignment's key and value."""
+    label, sep, assignments = text.partition(":")
     name = label.partition("@")[0]
-    flag = key.startswith("--")
-    if (
-        not (sep and eq and name and key)
-        or not name.replace("_", "").isalnum()
-        or (flag and (len(key) < 3 or not value))
-    ):
-        raise argparse.ArgumentTypeError(
-            f"variant {text!r}: expected LABEL:KEY=VALUE, e.g. splitkv:SGLANG_EXT_SPLITKV_VERIFY=1"
-            " (an env var) or fp8draft:--speculative-draft-model-quantization=fp8 (a server"
-            " argument); LABEL@STEPS,TOPK,DRAFT runs it at that setting"
-        )
+    out: list[str] = [label]
+    for assignment in assignments.split("+"):
+        key, eq, value = assignment.partition("=")
+        flag = key.startswith("--")
+        if (
+            not (sep and eq and name and key)
+            or not name.replace("_", "").isalnum()
+            or (flag and (len(key) < 3 or not value))
+            or key in out[1::2]
+        ):
+            raise argparse.ArgumentTypeError(
+                f"variant {text!r}: expected LABEL:KEY=VALUE, e.g."
+                " splitkv:SGLANG_EXT_SPLITKV_VERIFY=1 (an env var) or"
+                " fp8draft:--speculative-draft-model-quantization=fp8 (a server argument),"
+                " several (each KEY once) joined by +; LABEL@STEPS,TOPK,DRAFT runs it at that"
+                " setting"
+            )
+        out += [key, value]
     variant_setting(label, None)  # a LABEL@SETTING's setting: ArgumentTypeError naming it
-    return label, key, value
+    return tuple(out)
 
 
 def variant_setting(label: str, default: Setting | None) -> tuple[str, Setting | None]:
@@ -152,11 +160,17 @@ def variant_setting(label: str, default: Setting | None) -> tuple[str, Setting |
     return name, (parse_setting(setting) if at else default)
 
 
-def variant_parts(key: str, value: str) -> dict[str, Any]:
-    """A variant's spec fields: ``env`` for an env var, ``extra`` server args for a flag."""
-    if key.startswith("--"):
-        return {"extra": [key, value]}
-    return {"env": {key: value}}
+def variant_parts(*assignments: str) -> dict[str, Any]:
+    """A variant's spec fields from its keys and values (key, value, key, value, ...):
+    ``env`` for env vars, ``extra`` server args for flags."""
+    env: dict[str, str] = {}
+    extra: list[str] = []
+    for key, value in zip(assignments[::2], assignments[1::2], strict=True):
+        if key.startswith("--"):
+            extra += [key, value]
+        else:
+            env[key] = value
+    return {**({"extra": extra} if extra else {}), **({"env": env} if env else {})}
 
 
 NO_OVERLAP = "--disable-overlap-schedule"
@@ -201,7 +215,7 @@ def server_specs(
             specs.append(spec(f"nbrfalse-plugin-b-{tag}", "nbr_plugin_b", compare))
             specs.append(spec(f"nbrfalse-stock-b-{tag}", "nbr_stock_b", compare, stock=True))
     default = compare if compare is not None else settings[0]
-    for text, key, value in variants:
+    for text, *assignments in variants:
         label, at = variant_setting(text, default)
         specs.append(
             spec(
@@ -209,7 +223,7 @@ def server_specs(
                 "variant",
                 at,
                 label=label,
-                **variant_parts(key, value),
+                **variant_parts(*assignments),
             )
         )
     for setting in no_overlap:

@@ -1276,3 +1276,22 @@ def test_pin_cpus_pins_every_server_the_same_way_and_the_result_says_how(
         "client": [0], "scheduler": [1], "detokenizer": [2], "server": [3],
     }  # fmt: skip
     assert data["cpu_pinning"]["threads_pinned"]["spec-3-1-4"]["scheduler"] == 3
+
+
+def test_a_variant_joins_several_switches_with_plus():
+    """``LABEL:A=1+B=1+--flag=x``: SGLang's host-side switches tried together on one server
+    (each env var and each server argument once)."""
+    parsed = bs.parse_variant(
+        "host@7,1,8:SGLANG_ENABLE_METADATA_GLUE_GRAPH=1+SGLANG_OPT_SKIP_GLUED_REPLAY_VIEW=1"
+        "+--speculative-draft-model-quantization=fp8"
+    )
+    assert parsed[0] == "host@7,1,8" and len(parsed) == 7
+    (variant,) = [s for s in bs.server_specs([(3, 1, 4), (7, 1, 8)], None, [parsed])
+                  if s["role"] == "variant"]  # fmt: skip
+    assert variant["name"] == "spec-7-1-8-host" and variant["setting"] == (7, 1, 8)
+    assert variant["env"] == {"SGLANG_ENABLE_METADATA_GLUE_GRAPH": "1",
+                              "SGLANG_OPT_SKIP_GLUED_REPLAY_VIEW": "1"}  # fmt: skip
+    assert variant["extra"] == ["--speculative-draft-model-quantization", "fp8"]
+    for bad in ("host:A=1+A=2", "host:A=1+", "host:A=1+--=x"):
+        with pytest.raises(argparse.ArgumentTypeError, match="joined by \\+"):
+            bs.parse_variant(bad)
