@@ -692,14 +692,20 @@ seed-unpack)
     ;;
 speed-bench)
     mkdir -p "$OUT"
+    # The pipeline stops a bench at its limit with SIGINT (timeout -s INT, to the whole
+    # group): bench_speed writes what it measured, and this step must live on to pack the
+    # server logs (2026-12-03: a cut bench left none; tee -i keeps the log's tail)
+    trap 'echo "speed-bench: stopped at its limit; packing the server logs" >&2' INT TERM
+    set +e
     python3 -m sglang_ext_tools.bench_speed --target "$SPEED/target-8b" \
         --drafter "$SPEED/drafter-8b-nbr-true" \
         --drafter-nbr-false "$SPEED/drafter-8b-nbr-false" \
         --drafter-nbr-false-sglang "$SPEED/drafter-8b-nbr-false-sglang" \
         --prompts "$SPEED/prompts.jsonl" --fixtures-json "$SPEED/speed-fixtures.json" \
         --log-dir "$LOGS" --out-json "$OUT/speed.json" --out-png "$OUT/speed.png" \
-        ${BENCH_PIN_CPUS:+--pin-cpus "$BENCH_PIN_CPUS"} "$@" 2>&1 | tee "$OUT/bench.log"
+        ${BENCH_PIN_CPUS:+--pin-cpus "$BENCH_PIN_CPUS"} "$@" 2>&1 | tee -i "$OUT/bench.log"
     status=${PIPESTATUS[0]}
+    set -e
     # traces stay out (tens of MB; bench_speed puts their breakdown in its JSON's `profiles`)
     tar -czf "$OUT/server-logs.tgz" --exclude="*.trace.json.gz" -C "$LOGS" . 2>/dev/null
     exit "$status"

@@ -218,3 +218,24 @@ def test_speed_bench_hands_bench_pin_cpus_to_the_benchmark(tmp_path, pin):
     assert ("--pin-cpus" in args) is bool(pin)
     if pin:
         assert args[args.index("--pin-cpus") + 1] == "auto"
+
+
+@pytest.mark.skipif(shutil.which("timeout") is None, reason="needs coreutils timeout")
+def test_a_speed_bench_stopped_at_its_limit_still_packs_the_server_logs(tmp_path):
+    """The pipeline stops the bench with `timeout -s INT`: the benchmark ends, the step goes
+    on to pack the server logs."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "python3").write_text("#!/bin/sh\nexec sleep 30\n")
+    (fake / "python3").chmod(0o755)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "server-spec-3-1-4.log").write_text("ready\n")
+    env = {"PATH": f"{fake}:/usr/bin:/bin", "OUT": str(tmp_path / "out"), "HOME": str(tmp_path),
+           "SGLANG_EXT_LOG_DIR": str(logs)}  # fmt: skip
+    subprocess.run(["timeout", "-s", "INT", "2", "bash", str(SCRIPT), "speed-bench"], env=env,
+                   cwd=ROOT, capture_output=True, check=False, timeout=60)  # fmt: skip
+    packed = tmp_path / "out" / "server-logs.tgz"
+    assert packed.is_file()
+    listing = subprocess.run(["tar", "-tzf", str(packed)], capture_output=True, text=True)
+    assert "./server-spec-3-1-4.log" in listing.stdout.split()
