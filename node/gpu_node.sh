@@ -140,7 +140,7 @@
 #
 # Wheel chunks come from: python node/wheelhouse.py build --profile h200-cu130-py312 --out .wh
 set -euo pipefail
-WH=/tmp/wh SITE=${SGLANG_EXT_SITE:-/tmp/site} FIX=/tmp/fixtures MLA=/tmp/mla SUITE=/tmp/suite
+WH=/tmp/wh SITE=${SGLANG_EXT_SITE:-/tmp/site} FIX=/tmp/fixtures MLA=${SGLANG_EXT_MLA_DIR:-/tmp/mla} SUITE=/tmp/suite
 LOGS=${SGLANG_EXT_LOG_DIR:-/tmp/sglang-ext-logs} PATCHED=${SGLANG_EXT_PATCHED_DIR:-/tmp/site_patched}
 SPEED=/tmp/speed TRAIN_SITE=/tmp/site-train INSTALLED=/tmp/sglang-installed SEED=/tmp/seed
 PACKS=${SGLANG_EXT_PACK_DIR:-/tmp}
@@ -502,6 +502,10 @@ seed-shape-bench)
     # norm_before_residual, so both servers of the pair run the converted math) served by
     # the plugin's class and by stock's, side by side at 3/1/4 -- the serving code's cost.
     mkdir -p "$OUT"
+    # Stopped at its limit (SIGINT to the group, as speed-bench): no stage after the one it
+    # cut runs but the advisor and the packing of the server logs
+    stopped=
+    trap 'stopped=1; echo "seed-shape-bench: stopped at its limit" >&2' INT TERM
     cp "$MLA/wide-target/config.json" "$OUT/wide-target-config.json"
     rm -rf "$MLA/wide-drafter-sglang"
     pair=()  # no pair (and the reason in convert.log) if the conversion is refused
@@ -559,12 +563,18 @@ seed-shape-bench)
             --out-json "$OUT/seed-shape-probe.json" 2>&1 | tee -a "$OUT/bench.log" || true
     }
     probe_on fa3
-    wide "${pair[@]}" --batches 1 --rounds 2 --fixtures-json "$MLA/mla-fixtures.json" \
-        --acceptance-dir "$LOGS/acceptance" --log-dir "$LOGS" --out-json "$OUT/seed-shape.json" \
-        --out-png "$OUT/seed-shape.png" "$@" 2>&1 | tee -a "$OUT/bench.log"
-    status=${PIPESTATUS[0]}
+    status=130
+    if [ -z "$stopped" ]; then
+        set +e
+        wide "${pair[@]}" --batches 1 --rounds 2 --fixtures-json "$MLA/mla-fixtures.json" \
+            --acceptance-dir "$LOGS/acceptance" --log-dir "$LOGS" \
+            --out-json "$OUT/seed-shape.json" --out-png "$OUT/seed-shape.png" "$@" 2>&1 \
+            | tee -ia "$OUT/bench.log"
+        status=${PIPESTATUS[0]}
+        set -e
+    fi
     backend=fa3
-    if ! python3 -c 'import json, sys; d = json.load(open(sys.argv[1]))
+    if [ -z "$stopped" ] && ! python3 -c 'import json, sys; d = json.load(open(sys.argv[1]))
 sys.exit(0 if any(s["status"] == "ready" for s in d["servers"]) else 1)' "$OUT/seed-shape.json"
     then
         # No server started on fa3. The wide target has DeepSeek-V3's latent (512 + 64, nope

@@ -239,3 +239,31 @@ def test_a_speed_bench_stopped_at_its_limit_still_packs_the_server_logs(tmp_path
     assert packed.is_file()
     listing = subprocess.run(["tar", "-tzf", str(packed)], capture_output=True, text=True)
     assert "./server-spec-3-1-4.log" in listing.stdout.split()
+
+
+@pytest.mark.skipif(shutil.which("timeout") is None, reason="needs coreutils timeout")
+def test_a_seed_shape_bench_stopped_at_its_limit_skips_to_the_advisor_and_the_logs(tmp_path):
+    """Stopped inside its probe, the seed-shape bench starts no trained matrix (the device
+    time is spent), still runs the advisor on what there is and packs the server logs."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    calls = tmp_path / "calls"
+    (fake / "python3").write_text(
+        f'#!/bin/sh\necho "$2" >> {calls}\n'
+        'case "$2" in sglang_ext_tools.bench_speed) exec sleep 30;; esac\nexit 0\n'
+    )
+    (fake / "python3").chmod(0o755)
+    mla, logs = tmp_path / "mla", tmp_path / "logs"
+    (mla / "wide-target").mkdir(parents=True)
+    (mla / "wide-target" / "config.json").write_text("{}")
+    logs.mkdir()
+    (logs / "server-nospec.log").write_text("ready\n")
+    env = {"PATH": f"{fake}:/usr/bin:/bin", "OUT": str(tmp_path / "out"), "HOME": str(tmp_path),
+           "SGLANG_EXT_LOG_DIR": str(logs), "SGLANG_EXT_MLA_DIR": str(mla),
+           "SEED_MOE_TUNE": "0"}  # fmt: skip
+    subprocess.run(["timeout", "-s", "INT", "3", "bash", str(SCRIPT), "seed-shape-bench"],
+                   env=env, cwd=ROOT, capture_output=True, check=False, timeout=60)  # fmt: skip
+    ran = calls.read_text().split()
+    assert ran.count("sglang_ext_tools.bench_speed") == 1  # the probe; no matrix after it
+    assert ran[-1] == "sglang_ext.cli"  # the advisor (tune) still ran
+    assert (tmp_path / "out" / "server-logs.tgz").is_file()
