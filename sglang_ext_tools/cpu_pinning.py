@@ -44,13 +44,47 @@ def parse_cpus(text: str) -> frozenset[int]:
     return frozenset(cpus)
 
 
-def parse_plan(text: str, available: frozenset[int] | None = None) -> Plan:
-    """``auto`` (AUTO_CORES from the cores this process may use) or
+def gpu_local_cpus(
+    gpu: int = 0, sys_root: Path = Path("/sys"), query=None
+) -> frozenset[int] | None:
+    """The CPUs on the GPU's own NUMA node (its PCI device's ``local_cpulist``), None where
+    that is not known (no nvidia-smi, no sysfs entry)."""
+    import subprocess
+
+    if query is None:
+
+        def query(index: int) -> str:
+            return subprocess.run(
+                ["nvidia-smi", "-i", str(index), "--query-gpu=pci.bus_id",
+                 "--format=csv,noheader"],
+                capture_output=True, text=True, check=True, timeout=30,
+            ).stdout  # fmt: skip
+
+    try:
+        bus = query(gpu).strip().lower()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    # nvidia-smi writes an 8-digit PCI domain (00000000:19:00.0); sysfs names 4 (0000:19:00.0)
+    domain, _, rest = bus.partition(":")
+    path = sys_root / "bus" / "pci" / "devices" / f"{domain[-4:]}:{rest}" / "local_cpulist"
+    try:
+        return parse_cpus(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def parse_plan(
+    text: str, available: frozenset[int] | None = None, local: frozenset[int] | None = None
+) -> Plan:
+    """``auto`` (AUTO_CORES from the cores this process may use, those on the GPU's NUMA
+    node first: ``local``, gpu_local_cpus where not given) or
     ``client=0-1;scheduler=2-3;detokenizer=4;server=5-6``: every role once, no core shared."""
     available = available if available is not None else frozenset(os.sched_getaffinity(0))
     if text == "auto":
         need = sum(AUTO_CORES.values())
-        cores = sorted(available)
+        local = local if local is not None else (gpu_local_cpus() or frozenset())
+        near = sorted(available & local)
+        cores = near if len(near) >= need else sorted(available)
         if len(cores) < need:
             raise ValueError(f"--pin-cpus auto needs {need} cores, this process may use {cores}")
         plan, at = {}, 0

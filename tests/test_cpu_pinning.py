@@ -25,10 +25,28 @@ def test_cpu_lists_and_explicit_plans():
 
 
 def test_auto_takes_the_first_cores_this_process_may_use_in_role_order():
-    plan = cp.parse_plan("auto", frozenset({3, 4, 5, 6, 7, 8, 9, 10}))
+    plan = cp.parse_plan("auto", frozenset({3, 4, 5, 6, 7, 8, 9, 10}), local=frozenset())
     assert plan == {"client": {3, 4}, "scheduler": {5, 6}, "detokenizer": {7}, "server": {8, 9}}
     with pytest.raises(ValueError, match="needs 7 cores"):
-        cp.parse_plan("auto", frozenset({0, 1}))
+        cp.parse_plan("auto", frozenset({0, 1}), local=frozenset())
+
+
+def test_auto_prefers_the_cores_on_the_gpus_numa_node(tmp_path):
+    device = tmp_path / "bus" / "pci" / "devices" / "0000:19:00.0"
+    device.mkdir(parents=True)
+    (device / "local_cpulist").write_text("8-15\n")
+    local = cp.gpu_local_cpus(0, tmp_path, query=lambda i: "00000000:19:00.0\n")
+    assert local == frozenset(range(8, 16))
+    plan = cp.parse_plan("auto", frozenset(range(16)), local=local)
+    assert plan["client"] == {8, 9} and plan["server"] == {13, 14}
+    # too few near cores: the first of all that may be used, as without the GPU's node
+    assert cp.parse_plan("auto", frozenset(range(16)), local=frozenset({8}))["client"] == {0, 1}
+    assert cp.gpu_local_cpus(0, tmp_path, query=lambda i: "00000000:aa:00.0") is None
+
+    def no_smi(index):
+        raise FileNotFoundError("nvidia-smi")
+
+    assert cp.gpu_local_cpus(0, tmp_path, query=no_smi) is None
 
 
 @pytest.mark.parametrize(
