@@ -56,32 +56,53 @@ class Graphs(NamedTuple):
     loose: list  # kernels outside any graph
 
 
+class Launches(NamedTuple):
+    """A trace's graph launches with the kernels each replayed, in launch order, and whether
+    each ran a target forward (the largest graphs: at least TARGET_GRAPH_FRACTION of the
+    largest one's kernels); the kernels outside any graph apart."""
+
+    kernels: list
+    launches: list  # (the cudaGraphLaunch event, its kernels, is_target), in launch order
+    loose: list
+
+
+def graph_launches(events: Iterable[Mapping[str, Any]]) -> Launches:
+    """The complete events of a trace grouped by the ``cudaGraphLaunch`` that ran them (CUPTI
+    gives each replayed kernel its launch's correlation id)."""
+    events = list(events)
+    kernels = [e for e in events if e.get("cat") in KERNEL_CATEGORIES]
+    by_corr = {
+        (e.get("args") or {}).get("correlation"): e
+        for e in events
+        if e.get("cat") == "cuda_runtime" and str(e.get("name", "")).startswith(GRAPH_LAUNCH)
+    }
+    by_corr.pop(None, None)
+    groups: dict[Any, list[Mapping[str, Any]]] = {}
+    loose = []
+    for k in kernels:
+        corr = (k.get("args") or {}).get("correlation")
+        (groups.setdefault(corr, []) if corr in by_corr else loose).append(k)
+    largest = max((len(g) for g in groups.values()), default=0)
+    launches = [
+        (by_corr[c], groups[c], len(groups[c]) >= TARGET_GRAPH_FRACTION * largest)
+        for c in sorted(groups, key=lambda c: by_corr[c]["ts"])
+    ]
+    return Launches(kernels, launches, loose)
+
+
 def group_kernels(trace: Mapping[str, Any] | Graphs) -> Graphs:
     """(all kernels, target-graph groups, drafter-graph groups, kernels outside any graph);
     a group is the kernels of one ``cudaGraphLaunch``, in launch order. A ``Graphs`` is
     returned as it is."""
     if isinstance(trace, Graphs):
         return trace
-    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
-    kernels = [e for e in events if e.get("cat") in KERNEL_CATEGORIES]
+    kernels, launches, loose = graph_launches(
+        e for e in trace.get("traceEvents", []) if e.get("ph") == "X"
+    )
     if not kernels:
         raise ValueError("the trace has no GPU kernels (was it recorded with activities GPU?)")
-    launches = {
-        (e.get("args") or {}).get("correlation"): e
-        for e in events
-        if e.get("cat") == "cuda_runtime" and str(e.get("name", "")).startswith(GRAPH_LAUNCH)
-    }
-    launches.pop(None, None)
-    groups: dict[Any, list[Mapping[str, Any]]] = {}
-    loose = []
-    for k in kernels:
-        corr = (k.get("args") or {}).get("correlation")
-        (groups.setdefault(corr, []) if corr in launches else loose).append(k)
-    largest = max((len(g) for g in groups.values()), default=0)
-    target, drafter = [], []
-    for corr in sorted(groups, key=lambda c: launches[c]["ts"]):
-        group = groups[corr]
-        (target if len(group) >= TARGET_GRAPH_FRACTION * largest else drafter).append(group)
+    target = [group for _, group, is_target in launches if is_target]
+    drafter = [group for _, group, is_target in launches if not is_target]
     return Graphs(kernels, target, drafter, loose)
 
 

@@ -27,7 +27,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from sglang_ext_tools.trace_breakdown import GRAPH_LAUNCH, TARGET_GRAPH_FRACTION
+from sglang_ext_tools.trace_breakdown import GRAPH_LAUNCH, graph_launches
 
 # CUDA runtime / driver calls by what they do for the host
 SYNC = ("Synchronize", "cudaMemcpy", "cuMemcpyDtoH")  # the host waits (cudaMemcpy: not *Async)
@@ -56,33 +56,13 @@ def kind(name: str) -> str:
     return "other"
 
 
-def _target_launches(events: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """The graph launches whose replay ran a target forward (the largest graphs: at least
-    TARGET_GRAPH_FRACTION of the largest one's kernels), in launch order."""
-    launches = {
-        (e.get("args") or {}).get("correlation"): e
-        for e in events
-        if e.get("cat") == "cuda_runtime"
-        and api_name(str(e.get("name", ""))).startswith(GRAPH_LAUNCH)
-    }
-    launches.pop(None, None)
-    sizes: dict[Any, int] = {}
-    for e in events:
-        if e.get("cat") == "kernel":
-            corr = (e.get("args") or {}).get("correlation")
-            if corr in launches:
-                sizes[corr] = sizes.get(corr, 0) + 1
-    largest = max(sizes.values(), default=0)
-    target = [launches[c] for c, n in sizes.items() if n >= TARGET_GRAPH_FRACTION * largest]
-    return sorted(target, key=lambda e: e["ts"])
-
-
 def host_breakdown(trace: Mapping[str, Any], top: int = 8) -> dict[str, Any] | None:
     """Per cycle, on the thread that launched the target graphs: runtime calls by kind
     (count and ms), the time spent waiting in synchronising calls, the CPU ops (``cpu_op``,
     ATen) and the busiest call names. None with fewer than two target launches."""
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
-    target = _target_launches(events)
+    # the target graphs' launches, as trace_breakdown groups the GPU's side
+    target = [launch for launch, _, is_target in graph_launches(events).launches if is_target]
     if len(target) < 2:
         return None
     thread = (target[0].get("pid"), target[0].get("tid"))
