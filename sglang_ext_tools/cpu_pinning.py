@@ -22,8 +22,11 @@ threads started later inherit their creator's.
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Mapping
 from pathlib import Path
+
+from sglang_ext_tools.launch import group_members
 
 ROLES = ("client", "scheduler", "detokenizer", "server")
 # cores per role in the `auto` plan, taken in ROLES order from the cores this process may use
@@ -44,22 +47,22 @@ def parse_cpus(text: str) -> frozenset[int]:
     return frozenset(cpus)
 
 
+def nvidia_smi_bus_id(gpu: int) -> str:
+    """The GPU's PCI bus id as nvidia-smi writes it (00000000:19:00.0)."""
+    return subprocess.run(
+        ["nvidia-smi", "-i", str(gpu), "--query-gpu=pci.bus_id", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    ).stdout
+
+
 def gpu_local_cpus(
-    gpu: int = 0, sys_root: Path = Path("/sys"), query=None
+    gpu: int = 0, sys_root: Path = Path("/sys"), query=nvidia_smi_bus_id
 ) -> frozenset[int] | None:
     """The CPUs on the GPU's own NUMA node (its PCI device's ``local_cpulist``), None where
     that is not known (no nvidia-smi, no sysfs entry)."""
-    import subprocess
-
-    if query is None:
-
-        def query(index: int) -> str:
-            return subprocess.run(
-                ["nvidia-smi", "-i", str(index), "--query-gpu=pci.bus_id",
-                 "--format=csv,noheader"],
-                capture_output=True, text=True, check=True, timeout=30,
-            ).stdout  # fmt: skip
-
     try:
         bus = query(gpu).strip().lower()
     except (OSError, subprocess.SubprocessError):
@@ -123,15 +126,12 @@ def role_of(cmdline: str) -> str:
 def group_processes(pgid: int, proc: Path = Path("/proc")) -> dict[int, str]:
     """pid -> role for the live processes of process group ``pgid``."""
     out = {}
-    for stat in proc.glob("[0-9]*/stat"):
+    for pid in group_members(pgid, proc):
         try:
-            text = stat.read_text()
-            cmdline = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:  # the process ended while the folder was read
+            cmdline = (proc / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:  # the process ended meanwhile
             continue
-        state, _ppid, pgrp = text[text.rfind(")") + 2 :].split()[:3]
-        if int(pgrp) == pgid and state != "Z":
-            out[int(stat.parent.name)] = role_of(cmdline)
+        out[pid] = role_of(cmdline)
     return out
 
 

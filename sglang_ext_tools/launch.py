@@ -299,6 +299,20 @@ class Server:
             return resp.read().decode()
 
 
+def group_members(pgid: int, proc: Path = Path("/proc")) -> list[int]:
+    """The live (not zombie) processes of group ``pgid``, from /proc/PID/stat."""
+    out = []
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # the process ended while the folder was read
+            continue
+        state, _ppid, pgrp = text[text.rfind(")") + 2 :].split()[:3]
+        if int(pgrp) == pgid and state != "Z":
+            out.append(int(stat.parent.name))
+    return out
+
+
 def group_alive(pgid: int, proc: Path = Path("/proc")) -> bool:
     """Whether a process of group ``pgid`` is alive (not a zombie), from /proc/PID/stat; where
     there is no /proc, whether the group can be signalled at all."""
@@ -308,15 +322,7 @@ def group_alive(pgid: int, proc: Path = Path("/proc")) -> bool:
         except ProcessLookupError:
             return False
         return True
-    for stat in proc.glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:  # the process ended while the folder was read
-            continue
-        state, _ppid, pgrp = text[text.rfind(")") + 2 :].split()[:3]
-        if int(pgrp) == pgid and state != "Z":
-            return True
-    return False
+    return bool(group_members(pgid, proc))
 
 
 def stop_all(servers) -> None:
