@@ -618,13 +618,12 @@ def build_rows(
         "nbr_stock_b": NBR_STOCK_B,
     }
 
-    def pair(a: str | None, b_: str | None, b: int):
+    def pair(first: str | None, second: str | None, b: int):
         """Two servers' entries at batch b on the rounds both finished (common_rounds)."""
-        return common_rounds(agg.get((a, b)) if a else None, agg.get((b_, b)) if b_ else None)
+        return common_rounds(*(agg.get((name, b)) if name else None for name in (first, second)))
 
-    def ratio(pair_: tuple) -> float | None:
-        a, b_ = pair_
-        return _ratio(a["tok_s"], b_["tok_s"]) if a and b_ else None
+    def ratio(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> float | None:
+        return _ratio(a["tok_s"], b["tok_s"]) if a and b else None
 
     # a variant against the main drafter's server at its setting (same drafter, prompts and
     # group): what the variant's switch alone changes, paired by prompt
@@ -644,11 +643,11 @@ def build_rows(
         for b in batches:
             # every comparison on the rounds both of its servers finished (common_rounds)
             run, base = pair(spec["name"], "nospec", b)
-            speedup = ratio((run, base))
+            speedup = ratio(run, base)
             tau = run["tau"] if run else None
             eta = _ratio(speedup, tau)
             plugin, stock = pair(*pvs_pair, b) if pvs_pair else (None, None)
-            pvs = ratio((plugin, stock))
+            pvs = ratio(plugin, stock)
             pvs_ci = speedup_interval(stock, plugin, b)[0] if plugin and stock else None
             # the same after each request's first token (TPOT; prompts' decode times paired)
             pvs_decode, pvs_decode_ci = (
@@ -656,10 +655,10 @@ def build_rows(
             )
             # the same comparison between two stock servers of one configuration
             second, stock2 = pair(twin, pvs_pair[1], b) if pvs_pair and twin else (None, None)
-            svs = ratio((second, stock2))
+            svs = ratio(second, stock2)
             svs_ci = speedup_interval(stock2, second, b)[0] if second and stock2 else None
             variant, plain_run = pair(spec["name"], plain, b) if plain else (None, None)
-            vs_plain = ratio((variant, plain_run))
+            vs_plain = ratio(variant, plain_run)
             vs_plain_ci = (
                 speedup_interval(plain_run, variant, b)[0] if plain_run and variant else None
             )

@@ -138,7 +138,7 @@ def build(
     # whole cycles (tau x tok/s ratio) on both sides of the split; the advice takes each
     # request's first token out of the probe's where it can (request_model)
     whole = tune.read_cost_file(probe, paths["probe"], split_first_token=False)
-    costs = tune.read_cost_file(probe, paths["probe"], split_first_token=request_model)
+    costs = tune.read_cost_file(probe, paths["probe"]) if request_model else whole
     fanout = None if costs.has_fanout else MoeFanout.from_config(config, paths["target_config"])
     probe_key = "probe_cycle" if costs.has_fanout else "dummy_cycle"
     split = {}

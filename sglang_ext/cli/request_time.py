@@ -27,6 +27,7 @@ The split comes from the probe itself, in the first of these that it has:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -44,7 +45,7 @@ class RequestTime:
 
     def at(self, tokens: int) -> RequestTime:
         """The same machine, requests of another length (a user's typical output)."""
-        return RequestTime(tokens, self.step_ms, self.nospec_first_ms, self.first_ms, self.source)
+        return dataclasses.replace(self, tokens=tokens)
 
     def first(self, setting: str) -> float:
         """``setting``'s time to first token: its own where measured, else no speculation's."""
