@@ -1742,6 +1742,31 @@ def write_result(result: Mapping[str, Any], args: argparse.Namespace) -> Path:
     return out_json
 
 
+def bring_up(
+    up: Sequence[Server],
+    timeout: float,
+    pin_plan: Mapping[str, frozenset[int]] | None,
+    every_core: frozenset[int],
+) -> dict[str, dict[str, int]]:
+    """Start a group's servers; with a pin plan, pin each ready one's processes to their
+    roles' cores, and then this process, which sends the requests, to the client's. A server
+    inherits this process's affinity when it starts, so the servers start on every core the
+    benchmark may use: pinned to the client's cores first, a group's whole startup (imports,
+    graph captures) shared two cores (2026-12-03, five servers: the first ready after 295 s,
+    the other four past the 300 s timeout). Server -> role -> threads pinned."""
+    if pin_plan:
+        os.sched_setaffinity(0, every_core)
+    start_all(list(up), timeout)
+    pinned = {}
+    for s in up:
+        print(f"{s.name}: {s.status} after {s.ready_after_s} s", file=sys.stderr)
+        if pin_plan and s.status == "ready" and s.process:
+            pinned[s.name] = cpu_pinning.pin_group(s.process.pid, pin_plan)
+    if pin_plan:  # this thread's later threads (the request senders) inherit this
+        os.sched_setaffinity(0, pin_plan["client"])
+    return pinned
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["merge"]:
@@ -1792,8 +1817,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     brought_up: set[str] = set()
     pinned: dict[str, dict[str, int]] = {}  # server -> role -> threads pinned
-    if args.pin_plan:  # this process sends the requests; its later threads inherit this
-        os.sched_setaffinity(0, args.pin_plan["client"])
+    every_core = frozenset(os.sched_getaffinity(0))
 
     def snapshot(aborted: str | None, partial: str | None = None) -> dict[str, Any]:
         result = assemble(
@@ -1818,12 +1842,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         for g, names in enumerate(args.groups):
             up = [s for s in servers if s.name in names and s.name not in brought_up]
-            start_all(up, args.startup_timeout)
+            pinned.update(bring_up(up, args.startup_timeout, args.pin_plan, every_core))
             brought_up.update(s.name for s in up)
-            for s in up:
-                print(f"{s.name}: {s.status} after {s.ready_after_s} s", file=sys.stderr)
-                if args.pin_plan and s.status == "ready" and s.process:
-                    pinned[s.name] = cpu_pinning.pin_group(s.process.pid, args.pin_plan)
             for s in up:
                 if s.status == "ready":
                     for w in warmup_plan(args.batches):

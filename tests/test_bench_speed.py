@@ -1235,8 +1235,9 @@ def test_second_pair_pools_two_plugin_stock_comparisons(prompts_file, tmp_path, 
 def test_pin_cpus_pins_every_server_the_same_way_and_the_result_says_how(
     prompts_file, tmp_path, monkeypatch
 ):
-    """--pin-cpus: the client (this process) on its cores before any request, each server's
-    process group pinned by role once it is up, the plan and the threads in the JSON."""
+    """--pin-cpus: the servers started on every core (they inherit this process's affinity),
+    each server's process group pinned by role once it is up, then the client (this process)
+    on its cores before any request; the plan and the threads in the JSON."""
     import types
 
     from sglang_ext_tools import cpu_pinning
@@ -1270,7 +1271,7 @@ def test_pin_cpus_pins_every_server_the_same_way_and_the_result_says_how(
                  nbr=False)  # fmt: skip
     assert bs.main(argv) == 0
     data = json.loads(out_json.read_text())
-    assert client == [frozenset({0})]
+    assert client == [frozenset({0, 1, 2, 3}), frozenset({0})]
     assert pinned == [1000, 1001]  # nospec and spec-3-1-4, each once
     assert data["cpu_pinning"]["plan"] == {
         "client": [0], "scheduler": [1], "detokenizer": [2], "server": [3],

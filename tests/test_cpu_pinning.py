@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -123,3 +124,36 @@ def test_a_real_process_group_is_pinned_thread_by_thread():
     finally:
         child.kill()
         child.wait()
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_servers_start_on_every_core_and_only_then_are_pinned(monkeypatch):
+    """A started server inherits the benchmark's affinity: the benchmark pinned to the
+    client's cores first made a whole group start on them (2026-12-03). bring_up starts each
+    group on every core, then pins the servers' roles and itself to the client's."""
+    every = frozenset(os.sched_getaffinity(0))
+    client = frozenset({min(every)})
+    rest = every - client
+    plan = {"client": client, "scheduler": rest, "detokenizer": rest, "server": rest}
+    at_start = {}
+
+    def start_all(servers, timeout):
+        for s in servers:
+            s.process = subprocess.Popen(["sleep", "30"], start_new_session=True)
+            at_start[s.name] = os.sched_getaffinity(s.process.pid)
+            s.status, s.ready_after_s = "ready", 0.0
+
+    monkeypatch.setattr(bs, "start_all", start_all)
+    server = types.SimpleNamespace(name="spec", status="starting", process=None)
+    os.sched_setaffinity(0, client)  # as after the previous group's measurements
+    try:
+        pinned = bs.bring_up([server], 5, plan, every)
+        assert at_start == {"spec": every}
+        assert pinned == {"spec": {"scheduler": 0, "detokenizer": 0, "server": 1}}
+        assert os.sched_getaffinity(server.process.pid) == rest
+        assert os.sched_getaffinity(0) == client
+    finally:
+        os.sched_setaffinity(0, every)
+        if server.process:
+            server.process.kill()
+            server.process.wait()
