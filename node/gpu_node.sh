@@ -45,6 +45,14 @@
 #   bash node/gpu_node.sh one-install BUNDLE [LEFT_S]
 #                                              then speed-wait [SECS] as above (LEFT_S: the
 #                                              device seconds left; the suite's soak fits it)
+#   bash node/gpu_node.sh speed-rebench [bench args]
+#                                              the bench again on the fixtures already in
+#                                              /tmp/speed: stops the running pipeline (its
+#                                              bench writes what it has), keeps its result
+#                                              as result-N, starts the benches detached;
+#                                              then speed-wait
+#   bash node/gpu_node.sh speed-rebench-pipeline
+#                                              speed-rebench's (from /tmp/repo)
 #
 # The seed's shape (one TP8 rank of Kimi-K2.5, trained MLA + MoE widened to hidden 7168) on
 # SGLang 0.5.23, one nvidia-h200:
@@ -142,7 +150,7 @@
 set -euo pipefail
 WH=/tmp/wh SITE=${SGLANG_EXT_SITE:-/tmp/site} FIX=/tmp/fixtures MLA=${SGLANG_EXT_MLA_DIR:-/tmp/mla} SUITE=/tmp/suite
 LOGS=${SGLANG_EXT_LOG_DIR:-/tmp/sglang-ext-logs} PATCHED=${SGLANG_EXT_PATCHED_DIR:-/tmp/site_patched}
-SPEED=/tmp/speed TRAIN_SITE=/tmp/site-train INSTALLED=/tmp/sglang-installed SEED=/tmp/seed
+SPEED=${SGLANG_EXT_SPEED_DIR:-/tmp/speed} TRAIN_SITE=/tmp/site-train INSTALLED=/tmp/sglang-installed SEED=/tmp/seed
 PACKS=${SGLANG_EXT_PACK_DIR:-/tmp}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -161,15 +169,59 @@ copy_repo() {
 # in a new session (it outlives this call), its log in DIR/pipeline.log; the remaining
 # arguments reach it through the variable VAR.
 start_detached() {
+    train_site
+    launch_detached "$@"
+}
+# start_detached without the training site (speed-rebench: the fixtures exist). The pipeline
+# is its session's leader, its id in DIR/pipeline.pid (stop_session).
+launch_detached() {
     local pipeline=$1 dir=$2 var=$3
     shift 3
     mkdir -p "$dir"
-    train_site
     copy_repo
-    env "$var=$*" setsid nohup bash /tmp/repo/node/gpu_node.sh "$pipeline" \
-        >"$dir/pipeline.log" 2>&1 </dev/null &
+    env "$var=$*" setsid nohup bash -c 'echo $$ >"$1"; exec bash "${@:2}"' _ "$dir/pipeline.pid" \
+        /tmp/repo/node/gpu_node.sh "$pipeline" >"$dir/pipeline.log" 2>&1 </dev/null &
     sleep 2
     cat "$dir/pipeline.log"
+}
+# Stop a detached pipeline and everything of its session (PIDFILE: launch_detached's), by
+# session id, never by command-line pattern (on 2026-12-03 a `pkill -f` typed by hand matched
+# its own command and killed the call that sent it):
+# - the pipeline itself first (TERM), so it starts nothing more;
+# - each `timeout` in the session gets SIGINT, which it passes to the step it runs: a bench
+#   stopped as at its limit (bench_speed writes what it measured and stops its servers;
+#   speed-bench packs their logs);
+# - up to WAIT_S seconds for those to end, then TERM, then KILL, for whatever is left (the
+#   fixture trainers, a hung bench).
+stop_session() {
+    local pidfile=$1 wait_s=${2:-90} sid
+    [ -f "$pidfile" ] || return 0
+    sid=$(cat "$pidfile")
+    kill -TERM "$sid" 2>/dev/null || true
+    for pid in $(pgrep -s "$sid" -x timeout || true); do kill -INT "$pid" 2>/dev/null || true; done
+    for _ in $(seq "$wait_s"); do
+        pgrep -s "$sid" -x timeout >/dev/null || break
+        sleep 1
+    done
+    pkill -TERM -s "$sid" 2>/dev/null || true
+    for _ in $(seq 10); do
+        pgrep -s "$sid" >/dev/null || break
+        sleep 1
+    done
+    pkill -KILL -s "$sid" 2>/dev/null || true
+    rm -f "$pidfile"
+}
+# Wait up to WAIT_S seconds for the GPU to hold no process, then KILL what still does (on the
+# lent node every GPU process is this project's: a server a stopped bench left behind).
+gpu_idle() {
+    local wait_s=${1:-60} pids
+    command -v nvidia-smi >/dev/null || return 0
+    for _ in $(seq "$wait_s"); do
+        pids=$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null || true)
+        [ -z "$pids" ] && return 0
+        sleep 1
+    done
+    for pid in $pids; do kill -KILL "$pid" 2>/dev/null || true; done
 }
 # The newest checkout for a detached pipeline to pick up later (never the copy it runs from).
 sync_latest() {
@@ -218,6 +270,35 @@ train_site() {
 speed_fixtures() {
     PYTHONPATH="$TRAIN_SITE" python3 -m sglang_ext_tools.fixtures.make_speed_fixtures \
         --out "$SPEED" "$@"
+}
+# The speed benches on the fixtures in $SPEED (speed-pipeline, speed-rebench-pipeline): the
+# main bench with SPEED_BENCH_ARGS, then each of SPEED_BACKENDS' plugin/stock pairs.
+speed_benches() {
+    # the main bench leaves the lease room for the backends' pairs after it
+    # shellcheck disable=SC2206  # the backend names, split on purpose
+    backends=(${SPEED_BACKENDS:-})
+    limit=$(bench_limit "${SPEED_BENCH_LIMIT:-}" 560 \
+        $((${#backends[@]} * ${SPEED_BACKEND_LIMIT:-240})))
+    echo "bench limit ${limit} s at $(date +%T)"
+    # shellcheck disable=SC2086  # bench flags, split on purpose
+    OUT="$SPEED/result" PYTHONPATH="$SITE" timeout -s INT "$limit" \
+        bash node/gpu_node.sh speed-bench ${SPEED_BENCH_ARGS:-} || true
+    # SPEED_BACKENDS="triton flashinfer": then, per backend, the plugin/stock pair at 3/1/4
+    # beside its own baseline (plugin >= 0.99x stock on every backend; `bench_speed merge`
+    # joins them here), each as one tarred folder so the call's 8 files suffice
+    for backend in ${SPEED_BACKENDS:-}; do
+        # shellcheck disable=SC2086  # bench flags, split on purpose
+        OUT="$SPEED/result/$backend" PYTHONPATH="$SITE" timeout -s INT \
+            "${SPEED_BACKEND_LIMIT:-240}" bash node/gpu_node.sh speed-bench \
+            ${SPEED_BACKEND_ARGS:---settings 3,1,4 --compare-setting 3,1,4 --batches 1 \
+            --rounds 2 --batch1-requests 32 --max-new-tokens 128 --mem-fraction 0.95 \
+            --max-total-tokens 16384 --startup-timeout 300} \
+            --attention-backend "$backend" --log-dir "$LOGS/$backend" || true
+    done
+    if [ -n "${SPEED_BACKENDS:-}" ]; then
+        # shellcheck disable=SC2086  # the backend names, split on purpose
+        (cd "$SPEED/result" && tar -czf backends.tgz $SPEED_BACKENDS) || true
+    fi
 }
 # make_mla_fixtures on the training site, into $MLA on the GPU (seed-shape-pipeline, seed-unpack)
 mla_fixtures() {
@@ -416,35 +497,39 @@ speed-pipeline)
     echo "fixtures done (ok=$ok) at $(date +%T); waiting for the install"
     while [ ! -f "$INSTALLED" ]; do sleep 2; done
     if [ "$ok" = 1 ]; then
-        # the main bench leaves the lease room for the backends' pairs after it
-        # shellcheck disable=SC2206  # the backend names, split on purpose
-        backends=(${SPEED_BACKENDS:-})
-        limit=$(bench_limit "${SPEED_BENCH_LIMIT:-}" 560 \
-            $((${#backends[@]} * ${SPEED_BACKEND_LIMIT:-240})))
-        echo "bench limit ${limit} s at $(date +%T)"
-        # shellcheck disable=SC2086  # bench flags, split on purpose
-        OUT="$SPEED/result" PYTHONPATH="$SITE" timeout -s INT "$limit" \
-            bash node/gpu_node.sh speed-bench ${SPEED_BENCH_ARGS:-} || true
-        # SPEED_BACKENDS="triton flashinfer": then, per backend, the plugin/stock pair at 3/1/4
-        # beside its own baseline (plugin >= 0.99x stock on every backend; `bench_speed merge`
-        # joins them here), each as one tarred folder so the call's 8 files suffice
-        for backend in ${SPEED_BACKENDS:-}; do
-            # shellcheck disable=SC2086  # bench flags, split on purpose
-            OUT="$SPEED/result/$backend" PYTHONPATH="$SITE" timeout -s INT \
-                "${SPEED_BACKEND_LIMIT:-240}" bash node/gpu_node.sh speed-bench \
-                ${SPEED_BACKEND_ARGS:---settings 3,1,4 --compare-setting 3,1,4 --batches 1 \
-                --rounds 2 --batch1-requests 32 --max-new-tokens 128 --mem-fraction 0.95 \
-                --max-total-tokens 16384 --startup-timeout 300} \
-                --attention-backend "$backend" --log-dir "$LOGS/$backend" || true
-        done
-        if [ -n "${SPEED_BACKENDS:-}" ]; then
-            # shellcheck disable=SC2086  # the backend names, split on purpose
-            (cd "$SPEED/result" && tar -czf backends.tgz $SPEED_BACKENDS) || true
-        fi
+        speed_benches
         touch "$SPEED/DONE"
     else
         touch "$SPEED/FAILED"
     fi
+    ;;
+speed-rebench)
+    # The bench again on the fixtures in $SPEED with new arguments (SPEED_BENCH_LIMIT and the
+    # backends' variables as for speed-one-start): a running pipeline is stopped
+    # (stop_session), its result kept as result-N, and speed-rebench-pipeline started
+    # detached; speed-wait watches it. Neither fixtures nor wheels travel again.
+    if [ ! -f "$SPEED/stage-widen-drafters.json" ]; then
+        echo "speed-rebench: no widened fixtures in $SPEED (stage-widen-drafters.json); start with speed-one-start" >&2
+        exit 2
+    fi
+    stop_session "$SPEED/pipeline.pid"
+    gpu_idle 60
+    if [ -d "$SPEED/result" ]; then
+        n=1
+        while [ -e "$SPEED/result-$n" ]; do n=$((n + 1)); done
+        mv "$SPEED/result" "$SPEED/result-$n"
+        echo "speed-rebench: the earlier result is in $SPEED/result-$n"
+    fi
+    rm -f "$SPEED/DONE" "$SPEED/FAILED"
+    SGLANG_EXT_SITE=/tmp/site523 launch_detached speed-rebench-pipeline "$SPEED" \
+        SPEED_BENCH_ARGS "$@"
+    ;;
+speed-rebench-pipeline)
+    # speed-rebench's: speed-pipeline's benches alone (after one-install); DONE at the end
+    cd /tmp/repo
+    while [ ! -f "$INSTALLED" ]; do sleep 2; done
+    speed_benches
+    touch "$SPEED/DONE"
     ;;
 seed-shape-start)
     SGLANG_EXT_SITE=/tmp/site523 start_detached seed-shape-pipeline "$SEED" SEED_BENCH_ARGS "$@"

@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -267,3 +268,66 @@ def test_a_seed_shape_bench_stopped_at_its_limit_skips_to_the_advisor_and_the_lo
     assert ran.count("sglang_ext_tools.bench_speed") == 1  # the probe; no matrix after it
     assert ran[-1] == "sglang_ext.cli"  # the advisor (tune) still ran
     assert (tmp_path / "out" / "server-logs.tgz").is_file()
+
+
+@pytest.mark.skipif(
+    not all(shutil.which(t) for t in ("bash", "setsid", "timeout", "pgrep", "pkill")),
+    reason="needs bash, setsid, coreutils timeout and procps",
+)
+def test_stop_session_stops_a_pipeline_and_lets_its_bench_finish_as_at_its_limit(tmp_path):
+    """stop_session (speed-rebench): the pipeline goes first and starts nothing more; the
+    step under `timeout` gets SIGINT, as at its limit, and the time to write what it has; a
+    background trainer is terminated; nothing of the session is left."""
+    pidfile, marker, after = tmp_path / "pipeline.pid", tmp_path / "int", tmp_path / "after"
+    bench = tmp_path / "bench.py"  # counts the SIGINTs of its first second, then ends
+    bench.write_text(
+        "import signal, time\n"
+        "got = []\n"
+        "signal.signal(signal.SIGINT, lambda *a: got.append(1))\n"
+        "while not got:\n    time.sleep(0.05)\n"
+        "time.sleep(1.0)\n"
+        f"open({str(marker)!r}, 'w').write('int ' * len(got))\n"
+    )
+    pipeline = (
+        f"echo $$ > {pidfile}; sleep 300 & "
+        f"timeout -s INT 120 {sys.executable} {bench}; echo continued > {after}"
+    )
+    proc = subprocess.Popen(["setsid", "bash", "-c", pipeline])
+    try:
+        deadline = time.time() + 10
+        while not (pidfile.is_file() and pidfile.read_text().strip()):
+            assert time.time() < deadline, "the pipeline never wrote its pid"
+            time.sleep(0.05)
+        sid = pidfile.read_text().strip()
+        while not subprocess.run(["pgrep", "-s", sid, "-f", str(bench)]).returncode == 0:
+            assert time.time() < deadline, "the bench never started"
+            time.sleep(0.05)
+        time.sleep(0.5)  # its handler installed
+        started = time.time()
+        script = f"{_functions('stop_session')}\nstop_session {pidfile} 20\n"
+        subprocess.run(["bash", "-c", script], check=True, timeout=60)
+        assert time.time() - started < 15
+        assert marker.read_text().split() == ["int"]  # one SIGINT, then its second of cleanup
+        assert not after.exists()
+        assert not pidfile.exists()
+        assert proc.wait(timeout=5) != 0  # the pipeline, killed (reaped: no zombie counts)
+        left = subprocess.run(["pgrep", "-s", sid], capture_output=True, text=True).stdout
+        assert left == ""
+    finally:
+        subprocess.run(["pkill", "-KILL", "-s", str(proc.pid)], check=False)
+        proc.wait(timeout=10)
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_speed_rebench_refuses_a_folder_without_widened_fixtures(tmp_path):
+    """speed-rebench only re-runs benches: with no widened fixtures it says so and starts
+    nothing (no pipeline stopped, no result moved)."""
+    speed = tmp_path / "speed"
+    (speed / "result").mkdir(parents=True)
+    env = {"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "out"), "HOME": str(tmp_path),
+           "SGLANG_EXT_SPEED_DIR": str(speed)}  # fmt: skip
+    proc = subprocess.run(["bash", str(SCRIPT), "speed-rebench", "--rounds", "1"], env=env,
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 2
+    assert "stage-widen-drafters.json" in proc.stderr and "speed-one-start" in proc.stderr
+    assert sorted(p.name for p in speed.iterdir()) == ["result"]
