@@ -51,6 +51,7 @@ from sglang_ext_tools.trace_breakdown import (
     breakdown,
     group_kernels,
     kernel_families,
+    kernel_grids,
     load_trace,
     newest_trace,
     steady_breakdown,
@@ -1488,7 +1489,7 @@ def profile_server(server: Server, prompt: Any, args: argparse.Namespace) -> dic
             path = newest_trace(out_dir)
             time.sleep(2)  # let the writer finish the file
             trace = load_trace(path)
-            graphs = group_kernels(trace)  # grouped once for the four analyses
+            graphs = group_kernels(trace)  # grouped once for the analyses
             out = {
                 **breakdown(graphs),
                 "steady": steady_breakdown(graphs),
@@ -1498,6 +1499,8 @@ def profile_server(server: Server, prompt: Any, args: argparse.Namespace) -> dic
                 # kernels: the traces themselves stay on the node
                 "kernel_families": kernel_families(graphs),
                 "top_kernels": top_kernels(graphs, n=12),
+                # which config the fused-MoE kernels ran with (their launch grids)
+                "kernel_grids": kernel_grids(graphs),
             }
             break
         except (FileNotFoundError, EOFError, OSError, ValueError) as exc:

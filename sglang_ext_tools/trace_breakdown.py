@@ -251,9 +251,50 @@ def kernel_families(
     return out
 
 
+# Kernels whose launch grid says which kernel config ran: the Triton fused-MoE kernel's grid
+# is its token blocks times its N blocks, so a tuned config's block N shows in it. At the seed's
+# rank shape SGLang 0.5.23 served the tuned M=4 entry with block N 32 and the M=6 entry with
+# 64 (`fused_moe_triton_config.try_get_optimal_moe_config`: the nearest M key), the one
+# difference the MoE path makes between 3/1/4's and 5/1/6's verify.
+GRID_KERNELS: tuple[str, ...] = ("fused_moe_kernel",)
+
+
+def kernel_grids(
+    trace: Mapping[str, Any] | Graphs, needles: Sequence[str] = GRID_KERNELS
+) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """Per graph class and matching kernel (case-insensitive substrings of the name): each
+    distinct launch shape (CUPTI's ``grid`` and ``block`` args) with its launches and time
+    per cycle, the most-called first."""
+    _, target, drafter, _ = group_kernels(trace)
+    cycles = max(len(target), 1)
+    out: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for cls, groups in (("target_graph", target), ("drafter_graph", drafter)):
+        shapes: dict[tuple[str, tuple, tuple], list[float]] = {}
+        for k in (k for g in groups for k in g):
+            needle = next((n for n in needles if n in k["name"].lower()), None)
+            if needle is None:
+                continue
+            args = k.get("args") or {}
+            key = (needle, tuple(args.get("grid") or ()), tuple(args.get("block") or ()))
+            entry = shapes.setdefault(key, [0, 0.0])
+            entry[0] += 1
+            entry[1] += k.get("dur", 0)
+        out[cls] = {}
+        for (needle, grid, block), (calls, us) in sorted(shapes.items(), key=lambda kv: -kv[1][0]):
+            out[cls].setdefault(needle, []).append(
+                {
+                    "grid": list(grid),
+                    "block": list(block),
+                    "calls_per_cycle": round(calls / cycles, 2),
+                    "us_per_cycle": round(us / cycles, 1),
+                }
+            )
+    return out
+
+
 def summarize(paths: Sequence[str | Path], **meta: Any) -> dict[str, Any]:
-    """Breakdown, top kernels, kernel families and provenance (file, sha256, device) for each
-    trace."""
+    """Breakdown, top kernels, kernel families and grids, and provenance (file, sha256,
+    device) for each trace."""
     import hashlib
 
     out: dict[str, Any] = {"schema_version": 1, **meta, "traces": {}}
@@ -270,6 +311,7 @@ def summarize(paths: Sequence[str | Path], **meta: Any) -> dict[str, Any]:
             "steady": steady_breakdown(graphs),
             "top_kernels": top_kernels(graphs),
             "kernel_families": kernel_families(graphs),
+            "kernel_grids": kernel_grids(graphs),
         }
     return out
 

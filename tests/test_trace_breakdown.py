@@ -121,6 +121,32 @@ def test_kernel_families_count_the_cascade_merges():
     assert drafter["merge_state"] == {"calls_per_cycle": 0.0, "us_per_cycle": 0.0}
 
 
+def test_kernel_grids_say_which_config_the_fused_moe_kernels_ran():
+    """Two target verifies whose fused-MoE kernels ran different block-N configs (4 tokens:
+    block N 32, grid 512; 6 tokens: block N 64, grid 272): the grids tell them apart, per
+    cycle, most-called first; kernels of other names stay out."""
+    from sglang_ext_tools.trace_breakdown import kernel_grids
+
+    trace = _trace(cycles=2)
+    verify = [e for e in trace["traceEvents"] if e.get("name") == "k" and e["dur"] == 100.0]
+    first, second = verify[:40], verify[40:]
+    for k in first[:6]:
+        k["name"] = "fused_moe_kernel"
+        k["args"].update(grid=[512, 1, 1], block=[128, 1, 1])
+    for k in second[:6]:
+        k["name"] = "fused_moe_kernel"
+        k["args"].update(grid=[272, 1, 1], block=[128, 1, 1])
+    second[6]["name"] = "fused_moe_kernel"
+    second[6]["args"].update(grid=[512, 1, 1], block=[128, 1, 1])
+    out = kernel_grids(trace)
+    assert out["target_graph"]["fused_moe_kernel"] == [
+        {"grid": [512, 1, 1], "block": [128, 1, 1], "calls_per_cycle": 3.5, "us_per_cycle": 350.0},
+        {"grid": [272, 1, 1], "block": [128, 1, 1], "calls_per_cycle": 3.0, "us_per_cycle": 300.0},
+    ]
+    assert out["drafter_graph"] == {}
+    assert kernel_grids(_trace(cycles=1)) == {"target_graph": {}, "drafter_graph": {}}
+
+
 def _with_prefill(trace: dict, us: float = 9000.0) -> dict:
     """The request's prefill before the first cycle: one long kernel outside any graph."""
     events = trace["traceEvents"]
