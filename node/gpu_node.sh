@@ -70,7 +70,8 @@
 #                                              .ferry` gathers them (speed-fixtures.tar alike)
 #   bash node/gpu_node.sh seed-shape-bench [args]
 #                                              a fused-MoE config tuned for the target
-#                                              (tune_moe; SEED_MOE_TUNE=0: SGLang's default),
+#                                              (tune_moe; SEED_MOE_TUNE=0: SGLang's default;
+#                                              beside it moe-configs-4as6, moe_config_alias),
 #                                              bench_speed on the wide pair -> $OUT (chain
 #                                              3/1/4, 5/1/6, the seed's tree 3/4/5, and
 #                                              plugin vs stock on the converted drafter;
@@ -620,6 +621,11 @@ seed-shape-bench)
             --tokens 1 2 4 5 6 8 16 32 --time-limit "${SEED_MOE_TUNE_S:-150}" \
             >"$OUT/tune-moe.log" 2>&1; then
             export SGLANG_MOE_CONFIG_DIR=$SEED/moe-configs
+            # the same file with 4 tokens on 6's entry, for a probe variant that asks whether
+            # that entry makes 3/1/4's verify dearer than 5/1/6's (moe_config_alias)
+            rm -rf "$SEED/moe-configs-4as6"
+            python3 -m sglang_ext_tools.moe_config_alias --from "$SEED/moe-configs" \
+                --out "$SEED/moe-configs-4as6" --entry 4=6 >>"$OUT/tune-moe.log" 2>&1 || true
         fi
     fi
     # The zero-acceptance probe the advisor reads its cycle costs from. SEED_PROBE=twin (the
@@ -640,10 +646,15 @@ seed-shape-bench)
         "$MLA/wide-drafter" "$MLA/wide-drafter-probe" 2>&1 | tee -a "$OUT/bench.log"; then
         probe=(--drafter "$MLA/wide-drafter-probe")
     fi
+    # SEED_PROBE_ARGS: more bench_speed arguments for the probe (a --variant server, say:
+    # "--variant moe4as6@3,1,4:SGLANG_MOE_CONFIG_DIR=$SEED/moe-configs-4as6"); the advisor
+    # reads only the main drafter's rows
     probe_on() {
-        local trace=()
+        local trace=() extra=()
         if [ "${SEED_PROBE_PROFILE:-0}" = 1 ]; then trace=(--profile); fi
-        wide --batches 1 --rounds 2 --batch1-requests 8 "${probe[@]}" \
+        # shellcheck disable=SC2206  # bench flags, split on purpose
+        extra=(${SEED_PROBE_ARGS:-})
+        wide --batches 1 --rounds 2 --batch1-requests 8 "${probe[@]}" "${extra[@]}" \
             --log-dir "$LOGS/probe-$1" "${trace[@]}" --attention-backend "$1" \
             --out-json "$OUT/seed-shape-probe.json" 2>&1 | tee -a "$OUT/bench.log" || true
     }

@@ -331,3 +331,29 @@ def test_speed_rebench_refuses_a_folder_without_widened_fixtures(tmp_path):
     assert proc.returncode == 2
     assert "stage-widen-drafters.json" in proc.stderr and "speed-one-start" in proc.stderr
     assert sorted(p.name for p in speed.iterdir()) == ["result"]
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_seed_probe_args_reach_the_probe_and_only_the_probe(tmp_path):
+    """SEED_PROBE_ARGS (a --variant server for the zero-acceptance probe, e.g. the MoE config
+    with 4 tokens on 6's entry) go to the probe's bench_speed call, not to the matrix's."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    calls = tmp_path / "calls"
+    (fake / "python3").write_text(f'#!/bin/sh\necho "$@" >> {calls}\nexit 0\n')
+    (fake / "python3").chmod(0o755)
+    mla, logs = tmp_path / "mla", tmp_path / "logs"
+    (mla / "wide-target").mkdir(parents=True)
+    (mla / "wide-target" / "config.json").write_text("{}")
+    logs.mkdir()
+    variant = "--variant moe4as6@3,1,4:SGLANG_MOE_CONFIG_DIR=/tmp/seed/moe-configs-4as6"
+    env = {"PATH": f"{fake}:/usr/bin:/bin", "OUT": str(tmp_path / "out"), "HOME": str(tmp_path),
+           "SGLANG_EXT_LOG_DIR": str(logs), "SGLANG_EXT_MLA_DIR": str(mla),
+           "SEED_MOE_TUNE": "0", "SEED_PROBE_ARGS": variant}  # fmt: skip
+    subprocess.run(["bash", str(SCRIPT), "seed-shape-bench"], env=env, cwd=ROOT,
+                   capture_output=True, check=False, timeout=60)  # fmt: skip
+    benches = [c for c in calls.read_text().splitlines() if "sglang_ext_tools.bench_speed" in c]
+    probes = [c for c in benches if "--log-dir " + str(logs / "probe-fa3") in c]
+    assert len(probes) == 1 and variant in probes[0]
+    others = [c for c in benches if c not in probes]
+    assert others and not any("--variant" in c for c in others)
