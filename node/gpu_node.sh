@@ -198,6 +198,9 @@ stop_session() {
     local pidfile=$1 wait_s=${2:-90} sid
     [ -f "$pidfile" ] || return 0
     sid=$(cat "$pidfile")
+    rm -f "$pidfile"
+    # an ended pipeline's id may belong to another process by now: only a session's leader
+    if [ "$(ps -o sid= -p "$sid" 2>/dev/null | tr -d ' ')" != "$sid" ]; then return 0; fi
     kill -TERM "$sid" 2>/dev/null || true
     for pid in $(pgrep -s "$sid" -x timeout || true); do kill -INT "$pid" 2>/dev/null || true; done
     for _ in $(seq "$wait_s"); do
@@ -210,7 +213,6 @@ stop_session() {
         sleep 1
     done
     pkill -KILL -s "$sid" 2>/dev/null || true
-    rm -f "$pidfile"
 }
 # Wait up to WAIT_S seconds for the GPU to hold no process, then KILL what still does (on the
 # lent node every GPU process is this project's: a server a stopped bench left behind).

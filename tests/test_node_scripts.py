@@ -318,6 +318,24 @@ def test_stop_session_stops_a_pipeline_and_lets_its_bench_finish_as_at_its_limit
         proc.wait(timeout=10)
 
 
+@pytest.mark.skipif(
+    not all(shutil.which(t) for t in ("bash", "ps", "pgrep")), reason="needs bash and procps"
+)
+def test_stop_session_leaves_a_reused_pid_alone(tmp_path):
+    """An ended pipeline's pid file may name a process that took the number since: one that
+    leads no session is left running, and the stale file goes."""
+    other = subprocess.Popen(["sleep", "30"])  # this test's session, not its own
+    pidfile = tmp_path / "pipeline.pid"
+    pidfile.write_text(f"{other.pid}\n")
+    try:
+        script = f"{_functions('stop_session')}\nstop_session {pidfile} 5\n"
+        subprocess.run(["bash", "-c", script], check=True, timeout=30)
+        assert other.poll() is None and not pidfile.exists()
+    finally:
+        other.kill()
+        other.wait()
+
+
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 def test_speed_rebench_refuses_a_folder_without_widened_fixtures(tmp_path):
     """speed-rebench only re-runs benches: with no widened fixtures it says so and starts
