@@ -35,6 +35,7 @@ from sglang_ext.drafter.config_fields import DrafterConfigError
 from sglang_ext.drafter.drafter_spec import DrafterSpec
 from sglang_ext.drafter.loading import LoadPlan, LoadReport
 from sglang_ext.drafter.speculators_format import drafter_spec_for
+from sglang_ext.serving import draft_head
 from sglang_ext.serving.fusion import FusionPolicy, check_algorithm
 
 logger = logging.getLogger(__name__)
@@ -135,6 +136,8 @@ class LlamaForCausalLMEagle3(upstream.LlamaForCausalLMEagle3):
                 + spec.no_capture_problem(spec.fc_input_hidden_size)
             )
         super().__init__(config, quant_config=quant_config, prefix=prefix)
+        head_prefix = f"{prefix}.lm_head" if prefix else "lm_head"
+        draft_head.apply(self, config, quant_config, head_prefix, spec.source)
         self.spec = spec
         self.model.__class__ = Eagle3Model
         self.model.fusion = FusionPolicy.for_spec(spec)

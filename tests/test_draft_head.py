@@ -1,0 +1,84 @@
+"""sglang_ext.serving.draft_head: with SGLANG_EXT_DRAFT_FP8_LM_HEAD=1 and SGLang's online fp8
+config, the drafter's lm_head is a linear layer carrying SGLang's fp8 method (which the logits
+processor applies), and the checkpoint's head loads into it; otherwise SGLang's head stays,
+with a startup line saying why. The fp8 kernels themselves run on the GPU only."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from sglang_ext.serving import draft_head
+
+
+def _drafter(drafter, tmp_path, target_dir, quant):
+    from transformers import AutoConfig
+
+    from sglang_ext.cli.convert import convert
+    from sglang_ext.models.llama_eagle3 import LlamaForCausalLMEagle3
+
+    directory = tmp_path / "sglang"
+    convert(drafter("norms_off")[0], directory, target_dir)
+    config = AutoConfig.from_pretrained(str(directory))
+    return directory, config, LlamaForCausalLMEagle3(config, quant_config=quant)
+
+
+def test_the_fp8_head_is_built_loaded_and_applied_by_sglangs_logits_path(
+    sglang_env, drafter, tmp_path, target_dir, monkeypatch
+):
+    from sglang.srt.layers.logits_processor import should_apply_lm_head_quant_method
+    from sglang.srt.layers.quantization.fp8 import Fp8Config, Fp8LinearMethod
+
+    monkeypatch.setenv(draft_head.ENV_VAR, "1")
+    directory, config, model = _drafter(drafter, tmp_path, target_dir, Fp8Config())
+    head = model.lm_head
+    assert isinstance(head.quant_method, Fp8LinearMethod)
+    assert should_apply_lm_head_quant_method(head, head.quant_method)  # what _compute_lm_head asks
+    assert tuple(head.weight.shape) == (config.draft_vocab_size, config.hidden_size)
+
+    tensors = load_file(str(directory / "model.safetensors"))
+    model.load_weights(tensors.items())  # every tensor accounted for, the head's too
+    assert not model.load_report.errors
+    (name,) = [n for n in tensors if n.endswith("lm_head.weight")]
+    assert torch.equal(head.weight, tensors[name].to(head.weight.dtype))
+
+
+@pytest.mark.parametrize("env, fp8", [("0", True), ("1", False)])
+def test_sglangs_head_stays_unless_asked_and_possible(
+    sglang_env, drafter, tmp_path, target_dir, monkeypatch, caplog, env, fp8
+):
+    from sglang.srt.layers.quantization.fp8 import Fp8Config
+    from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead
+
+    monkeypatch.setenv(draft_head.ENV_VAR, env)
+    with caplog.at_level(logging.WARNING, logger=draft_head.logger.name):
+        _, _, model = _drafter(drafter, tmp_path, target_dir, Fp8Config() if fp8 else None)
+    assert isinstance(model.lm_head, ParallelLMHead)
+    warned = [r.getMessage() for r in caplog.records if r.name == draft_head.logger.name]
+    if env == "1":  # asked for, not possible: the startup log says why
+        assert len(warned) == 1 and "--speculative-draft-model-quantization fp8" in warned[0]
+    else:
+        assert warned == []
+
+
+def test_why_not_names_each_case():
+    from types import SimpleNamespace
+
+    from sglang.srt.layers.quantization.fp8 import Fp8Config
+
+    fp8 = Fp8Config()
+    own = SimpleNamespace(tie_word_embeddings=False, draft_vocab_size=32000)
+    assert draft_head.why_not(own, fp8, 1) is None
+    assert "quantization fp8" in draft_head.why_not(own, None, 1)
+    assert "tie_word_embeddings" in draft_head.why_not(
+        SimpleNamespace(tie_word_embeddings=True, draft_vocab_size=32000), fp8, 1
+    )
+    assert "no lm_head of its own" in draft_head.why_not(
+        SimpleNamespace(tie_word_embeddings=False, draft_vocab_size=None), fp8, 1
+    )
+    assert "over 2 ranks" in draft_head.why_not(own, fp8, 2)
+    serialized = Fp8Config(is_checkpoint_fp8_serialized=True)
+    assert "quantization fp8" in draft_head.why_not(own, serialized, 1)
