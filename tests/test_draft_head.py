@@ -82,3 +82,23 @@ def test_why_not_names_each_case():
     assert "over 2 ranks" in draft_head.why_not(own, fp8, 2)
     serialized = Fp8Config(is_checkpoint_fp8_serialized=True)
     assert "quantization fp8" in draft_head.why_not(own, serialized, 1)
+
+
+def test_the_mla_drafter_carries_it_too(sglang_env, tmp_path, monkeypatch):
+    """SGLang's kimi_k25_eagle3 drafter builds its own head the same way: asked for, fp8."""
+    from mla_drafters import mla_config, write_mla_drafter
+    from safetensors.torch import load_file
+    from sglang.srt.layers.quantization.fp8 import Fp8Config, Fp8LinearMethod
+    from transformers import AutoConfig
+
+    from sglang_ext.models.kimi_k25_eagle3 import Eagle3DeepseekV2ForCausalLM
+
+    monkeypatch.setenv(draft_head.ENV_VAR, "1")
+    directory = tmp_path / "mla"
+    write_mla_drafter(directory, mla_config(draft_vocab_size=128))
+    model = Eagle3DeepseekV2ForCausalLM(
+        AutoConfig.from_pretrained(directory), quant_config=Fp8Config()
+    )
+    assert isinstance(model.lm_head.quant_method, Fp8LinearMethod)
+    model.load_weights(load_file(str(directory / "model.safetensors")).items())
+    assert not model.load_report.errors

@@ -23,6 +23,7 @@ from sglang_ext import compat
 from sglang_ext.drafter.loading import LoadPlan
 from sglang_ext.drafter.speculators_format import drafter_spec_for
 from sglang_ext.models.llama_eagle3 import load_with_plan, token_embeddings
+from sglang_ext.serving import draft_head
 from sglang_ext.serving.fusion import FusionPolicy, check_algorithm
 
 
@@ -59,6 +60,8 @@ class Eagle3DeepseekV2ForCausalLM(upstream.Eagle3DeepseekV2ForCausalLM):
         spec = drafter_spec_for(config)
         check_algorithm(getattr(compat.server_args(), "speculative_algorithm", None), spec.source)
         super().__init__(config, quant_config=quant_config, prefix=prefix)
+        head_prefix = f"{prefix}.lm_head" if prefix else "lm_head"
+        draft_head.apply(self, config, quant_config, head_prefix, spec.source)
         self.spec = spec
         self.model.__class__ = Eagle3MLAModel
         self.model.fusion = FusionPolicy.for_spec(spec)
