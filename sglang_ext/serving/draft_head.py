@@ -5,10 +5,10 @@ Why: SGLang's online fp8 quantises the drafter's linear layers but not its lm_he
 ``Fp8Config.get_quant_method`` gives an fp8 method to ``LinearBase`` layers only, and
 ``ParallelLMHead`` is an embedding. At a published draft vocabulary (32,000 × 4096) the head
 is 262 MB in bf16, half of what an fp8 draft step reads: the H200 measured a draft step at
-0.041 decode steps in fp8 against 0.048 in bf16 (2026-12-03, 7/1/8). SGLang's logits processor
-applies an lm_head's own ``quant_method`` (``logits_processor.py:_compute_lm_head``, through
-``should_apply_lm_head_quant_method``). So a head built as a linear layer with the drafter's
-quant config is served in fp8:
+0.041 decode steps in fp8 against 0.051 in bf16 (2026-12-03, 7/1/8, from the traces).
+SGLang's logits processor applies an lm_head's own ``quant_method``
+(``logits_processor.py:_compute_lm_head``, through ``should_apply_lm_head_quant_method``). So
+a head built as a linear layer with the drafter's quant config is served in fp8:
 - the weights are quantised once after loading, like every other fp8 linear of the drafter;
 - activations get the per-token dynamic scale of ``Fp8LinearMethod.apply``.
 The layer is a ``ColumnParallelLinear``. It is built only where SGLang's head is not sharded
