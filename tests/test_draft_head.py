@@ -26,7 +26,7 @@ def _drafter(drafter, tmp_path, target_dir, quant):
     return directory, config, LlamaForCausalLMEagle3(config, quant_config=quant)
 
 
-def test_the_fp8_head_is_built_loaded_and_applied_by_sglangs_logits_path(
+def test_the_fp8_head_is_built_and_loaded_with_sglangs_fp8_method(
     sglang_env, drafter, tmp_path, target_dir, monkeypatch
 ):
     from sglang.srt.layers.logits_processor import should_apply_lm_head_quant_method
@@ -69,19 +69,49 @@ def test_why_not_names_each_case():
 
     from sglang.srt.layers.quantization.fp8 import Fp8Config
 
+    def drafter(tie=False, from_target=False, shards=1, fp32=False):
+        return SimpleNamespace(
+            config=SimpleNamespace(tie_word_embeddings=tie),
+            load_lm_head_from_target=from_target,
+            lm_head=SimpleNamespace(tp_size=shards),
+            logits_processor=SimpleNamespace(use_fp32_lm_head=fp32),
+        )
+
     fp8 = Fp8Config()
-    own = SimpleNamespace(tie_word_embeddings=False, draft_vocab_size=32000)
-    assert draft_head.why_not(own, fp8, 1) is None
-    assert "quantization fp8" in draft_head.why_not(own, None, 1)
-    assert "tie_word_embeddings" in draft_head.why_not(
-        SimpleNamespace(tie_word_embeddings=True, draft_vocab_size=32000), fp8, 1
+    assert draft_head.why_not(drafter(), fp8) is None
+    assert "quantization fp8" in draft_head.why_not(drafter(), None)
+    assert "quantization fp8" in draft_head.why_not(
+        drafter(), Fp8Config(is_checkpoint_fp8_serialized=True)
     )
-    assert "no lm_head of its own" in draft_head.why_not(
-        SimpleNamespace(tie_word_embeddings=False, draft_vocab_size=None), fp8, 1
-    )
-    assert "over 2 ranks" in draft_head.why_not(own, fp8, 2)
-    serialized = Fp8Config(is_checkpoint_fp8_serialized=True)
-    assert "quantization fp8" in draft_head.why_not(own, serialized, 1)
+    assert "tie_word_embeddings" in draft_head.why_not(drafter(tie=True), fp8)
+    assert "no lm_head of its own" in draft_head.why_not(drafter(from_target=True), fp8)
+    assert "over 2 ranks" in draft_head.why_not(drafter(shards=2), fp8)
+    assert "fp32" in draft_head.why_not(drafter(fp32=True), fp8)
+
+
+def test_a_drafter_that_shares_the_targets_head_keeps_sglangs(
+    sglang_env, tmp_path, monkeypatch, caplog
+):
+    """No draft_vocab_size: SGLang's constructor fills it with the target's vocabulary and
+    swaps the target's bf16 head in at startup (load_lm_head_from_target). An fp8 head there
+    would get a bf16 weight under an fp8 method: it stays SGLang's, and the log says why."""
+    from mla_drafters import mla_config, write_mla_drafter
+    from sglang.srt.layers.quantization.fp8 import Fp8Config
+    from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead
+    from transformers import AutoConfig
+
+    from sglang_ext.models.kimi_k25_eagle3 import Eagle3DeepseekV2ForCausalLM
+
+    monkeypatch.setenv(draft_head.ENV_VAR, "1")
+    directory = tmp_path / "mla"
+    write_mla_drafter(directory, mla_config(draft_vocab_size=None))
+    with caplog.at_level(logging.WARNING, logger=draft_head.logger.name):
+        model = Eagle3DeepseekV2ForCausalLM(
+            AutoConfig.from_pretrained(directory), quant_config=Fp8Config()
+        )
+    assert model.load_lm_head_from_target and isinstance(model.lm_head, ParallelLMHead)
+    (warned,) = [r.getMessage() for r in caplog.records if r.name == draft_head.logger.name]
+    assert "no lm_head of its own" in warned
 
 
 def test_the_mla_drafter_carries_it_too(sglang_env, tmp_path, monkeypatch):

@@ -37,20 +37,29 @@ def is_online_fp8(quant_config) -> bool:
     """The quant config SGLang builds for ``--speculative-draft-model-quantization fp8``."""
     from sglang.srt.layers.quantization.fp8 import Fp8Config
 
-    return isinstance(quant_config, Fp8Config) and not quant_config.is_checkpoint_fp8_serialized
+    return (
+        isinstance(quant_config, Fp8Config)
+        and not quant_config.is_checkpoint_fp8_serialized
+        and not getattr(quant_config, "use_mxfp8", False)
+    )
 
 
-def why_not(config, quant_config, head_shards: int) -> str | None:
-    """Why the fp8 head cannot be built for this drafter, or None when it can."""
+def why_not(model, quant_config) -> str | None:
+    """Why the fp8 head cannot replace the head SGLang built for this drafter (``model``, its
+    ``__init__`` done), or None when it can. Read from the model, not its config: SGLang's
+    constructor fills a missing ``draft_vocab_size`` with the target's vocabulary and marks
+    the head to be replaced by the target's (``load_lm_head_from_target``) at startup."""
     if not is_online_fp8(quant_config):
         return "the drafter is not served with --speculative-draft-model-quantization fp8"
-    if getattr(config, "tie_word_embeddings", False):
+    if getattr(model.config, "tie_word_embeddings", False):
         return "its lm_head is its embedding (tie_word_embeddings)"
-    vocab = getattr(config, "draft_vocab_size", None)
-    if vocab is None:
+    if getattr(model, "load_lm_head_from_target", False):
         return "it has no lm_head of its own (no draft_vocab_size: SGLang shares the target's)"
-    if head_shards != 1:
-        return f"SGLang shards its lm_head over {head_shards} ranks (one rank only, for now)"
+    shards = getattr(model.lm_head, "tp_size", 1)
+    if shards != 1:
+        return f"SGLang shards its lm_head over {shards} ranks (one rank only, for now)"
+    if getattr(model.logits_processor, "use_fp32_lm_head", False):
+        return "--enable-fp32-lm-head asks for its logits in fp32"
     return None
 
 
@@ -72,7 +81,14 @@ def apply(model, config, quant_config, prefix: str, source: str) -> bool:
     cannot apply, say so in the startup log and keep SGLang's head."""
     if not requested():
         return False
-    reason = why_not(config, quant_config, getattr(model.lm_head, "tp_size", 1))
+    reason = why_not(model, quant_config)
+    head = None
+    if reason is None:
+        from sglang.srt.layers.quantization.fp8 import Fp8LinearMethod
+
+        head = fp8_head(config, quant_config, prefix)
+        if not isinstance(head.quant_method, Fp8LinearMethod):  # SGLANG_FP8_IGNORED_LAYERS
+            reason = f"SGLang's fp8 config gives it {type(head.quant_method).__name__}"
     if reason is not None:
         logger.warning(
             "sglang_ext: %s=1 asks for drafter %s's lm_head in fp8, but %s; its lm_head stays "
@@ -82,7 +98,7 @@ def apply(model, config, quant_config, prefix: str, source: str) -> bool:
             reason,
         )
         return False
-    model.lm_head = fp8_head(config, quant_config, prefix)
+    model.lm_head = head
     logger.info(
         "sglang_ext: drafter %s's lm_head (%d x %d) served in fp8 (%s=1)",
         source,
