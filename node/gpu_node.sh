@@ -214,17 +214,29 @@ stop_session() {
     done
     pkill -KILL -s "$sid" 2>/dev/null || true
 }
-# Wait up to WAIT_S seconds for the GPU to hold no process, then KILL what still does (on the
-# lent node every GPU process is this project's: a server a stopped bench left behind).
+# Wait up to WAIT_S seconds for the GPU to hold no process; then KILL the process group of
+# each that still does (a server a stopped bench left behind: its scheduler holds the GPU, its
+# launcher the port; bench_speed starts each server in its own session) and wait up to 15 s
+# more for the memory to come free. A pid nvidia-smi reports that this machine does not have
+# (another PID namespace) is left alone.
 gpu_idle() {
-    local wait_s=${1:-60} pids
+    local wait_s=${1:-60} pids pgid
     command -v nvidia-smi >/dev/null || return 0
-    for _ in $(seq "$wait_s"); do
-        pids=$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null || true)
-        [ -z "$pids" ] && return 0
-        sleep 1
+    for round in 1 2; do
+        for _ in $(seq "$wait_s"); do
+            pids=$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null || true)
+            [ -z "$pids" ] && return 0
+            sleep 1
+        done
+        [ "$round" = 2 ] && break
+        for pid in $pids; do
+            [ -d "/proc/$pid" ] || continue
+            pgid=$(ps -o pgid= -p "$pid" 2>/dev/null | tr -d ' ')
+            kill -KILL -- "-${pgid:-$pid}" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
+        done
+        wait_s=15
     done
-    for pid in $pids; do kill -KILL "$pid" 2>/dev/null || true; done
+    echo "gpu_idle: the GPU still holds processes $pids" >&2
 }
 # The newest checkout for a detached pipeline to pick up later (never the copy it runs from).
 sync_latest() {
@@ -515,6 +527,12 @@ speed-rebench)
         echo "speed-rebench: no widened fixtures in $SPEED (stage-widen-drafters.json); start with speed-one-start" >&2
         exit 2
     fi
+    if [ ! -f "$SPEED/pipeline.pid" ] && [ -f "$SPEED/pipeline.log" ] \
+        && [ ! -f "$SPEED/DONE" ] && [ ! -f "$SPEED/FAILED" ]; then
+        echo "speed-rebench: $SPEED has a pipeline that is not DONE and left no pipeline.pid" \
+            "(started before speed-rebench existed?); stop it first" >&2
+        exit 2
+    fi
     stop_session "$SPEED/pipeline.pid"
     gpu_idle 60
     if [ -d "$SPEED/result" ]; then
@@ -616,6 +634,7 @@ seed-shape-bench)
     # "Using default MoE kernel config ... E=32,N=256,device_name=NVIDIA_H200". Tune one on
     # this GPU first (nothing else runs on it now) and serve every server with it, the
     # baseline too, as that warning asks a user to do; SEED_MOE_TUNE=0 keeps the default.
+    rm -rf "$SEED/moe-configs-4as6"  # a probe variant never reads an earlier run's copy
     if [ "${SEED_MOE_TUNE:-1}" = 1 ]; then
         rm -rf "$SEED/moe-configs"
         if python3 -m sglang_ext_tools.tune_moe --model "$MLA/wide-target" \
@@ -625,7 +644,6 @@ seed-shape-bench)
             export SGLANG_MOE_CONFIG_DIR=$SEED/moe-configs
             # the same file with 4 tokens on 6's entry, for a probe variant that asks whether
             # that entry makes 3/1/4's verify dearer than 5/1/6's (moe_config_alias)
-            rm -rf "$SEED/moe-configs-4as6"
             python3 -m sglang_ext_tools.moe_config_alias --from "$SEED/moe-configs" \
                 --out "$SEED/moe-configs-4as6" --entry 4=6 >>"$OUT/tune-moe.log" 2>&1 || true
         fi

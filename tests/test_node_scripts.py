@@ -375,3 +375,22 @@ def test_seed_probe_args_reach_the_probe_and_only_the_probe(tmp_path):
     assert len(probes) == 1 and variant in probes[0]
     others = [c for c in benches if c not in probes]
     assert others and not any("--variant" in c for c in others)
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_speed_rebench_refuses_a_running_pipeline_it_cannot_stop(tmp_path):
+    """A pipeline that left no pipeline.pid (started before speed-rebench existed) and is
+    neither DONE nor FAILED may still write its result: speed-rebench says so and moves
+    nothing."""
+    speed = tmp_path / "speed"
+    (speed / "result").mkdir(parents=True)
+    for name in ("stage-widen-drafters.json", "pipeline.log"):
+        (speed / name).write_text("{}")
+    env = {"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "out"), "HOME": str(tmp_path),
+           "SGLANG_EXT_SPEED_DIR": str(speed)}  # fmt: skip
+    proc = subprocess.run(["bash", str(SCRIPT), "speed-rebench"], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 2 and "left no pipeline.pid" in proc.stderr
+    assert sorted(p.name for p in speed.iterdir()) == [
+        "pipeline.log", "result", "stage-widen-drafters.json"
+    ]
