@@ -488,7 +488,7 @@ def aggregate(measurements: Sequence[Mapping[str, Any]]) -> dict[tuple[str, int]
 def summarize_rounds(timed: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """One server's figures at one batch from its timed rounds (in round order); the rounds
     themselves are kept (``measured``) so that two servers can be compared on the rounds both
-    finished (``common_rounds``)."""
+    finished (``common_rounds``). Errors are counted by the callers, over every round."""
     toks = [m["tok_s"] for m in timed]
     verify = sum(m.get("verify") or 0 for m in timed)
     vtokens = sum(m.get("verify_tokens") or 0 for m in timed if m.get("verify"))
@@ -505,7 +505,6 @@ def summarize_rounds(timed: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "tau": vtokens / verify if verify else None,
         "tpot_ms": statistics.median(tpots) if tpots else None,
         "ttft_ms": statistics.median(ttfts) if ttfts else None,
-        "errors": sum(m.get("errors", 0) for m in timed),
         "measured": list(timed),
     }
 

@@ -36,9 +36,8 @@ def paired_ratio(bench: dict, a: dict | None, b: dict | None) -> dict[str, Any] 
     if not a or not b:
         return None
     agg = bench_speed.aggregate(bench.get("measurements", []))
-    whole = agg.get((a["server"], 1)), agg.get((b["server"], 1))
     # on the rounds both servers finished (bench_speed.common_rounds)
-    fast, slow = bench_speed.common_rounds(*whole)
+    fast, slow = bench_speed.common_rounds(agg.get((a["server"], 1)), agg.get((b["server"], 1)))
     if not fast or not slow:
         return None
     ci, method = bench_speed.speedup_interval(slow, fast, 1)
