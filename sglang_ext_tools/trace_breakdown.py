@@ -196,25 +196,40 @@ def newest_trace(directory: str | Path, patterns: Sequence[str] = ("*.trace.json
     return max(found, key=lambda p: p.stat().st_mtime)
 
 
+def _graph_classes(trace: Mapping[str, Any] | Graphs) -> tuple[int, list[tuple[str, list]]]:
+    """The cycles (target launches, at least 1) and each graph class with its kernels."""
+    _, target, drafter, _ = group_kernels(trace)
+    classes = [("target_graph", target), ("drafter_graph", drafter)]
+    return max(len(target), 1), [(cls, [k for g in groups for k in g]) for cls, groups in classes]
+
+
+def tally(events: Iterable[Mapping[str, Any]], key) -> dict[Any, list[float]]:
+    """key(event) -> [count, µs] of the events (kernels, runtime calls), in first-seen
+    order; events whose key is None left out."""
+    out: dict[Any, list[float]] = {}
+    for k in events:
+        name = key(k)
+        if name is not None:
+            entry = out.setdefault(name, [0, 0.0])
+            entry[0] += 1
+            entry[1] += k.get("dur", 0)
+    return out
+
+
 def top_kernels(trace: Mapping[str, Any] | Graphs, n: int = 6) -> dict[str, list[dict[str, Any]]]:
     """The costliest kernels per cycle in the target graphs and in the drafter graphs: time
     (µs) and launches per cycle."""
-    _, target, drafter, _ = group_kernels(trace)
-    cycles = max(len(target), 1)
+    cycles, classes = _graph_classes(trace)
     out = {}
-    for cls, groups in (("target_graph", target), ("drafter_graph", drafter)):
-        bucket: dict[str, list[float]] = {}
-        for k in (k for g in groups for k in g):
-            entry = bucket.setdefault(k["name"], [0.0, 0])
-            entry[0] += k.get("dur", 0)
-            entry[1] += 1
+    for cls, kernels in classes:
+        bucket = tally(kernels, lambda k: k["name"])
         out[cls] = [
             {
                 "kernel": name[:80],
                 "us_per_cycle": round(us / cycles, 1),
                 "calls_per_cycle": round(calls / cycles, 2),
             }
-            for name, (us, calls) in sorted(bucket.items(), key=lambda kv: -kv[1][0])[:n]
+            for name, (calls, us) in sorted(bucket.items(), key=lambda kv: -kv[1][1])[:n]
         ]
     return out
 
@@ -236,11 +251,9 @@ def kernel_families(
 ) -> dict[str, dict[str, dict[str, float]]]:
     """Per graph class, each family's launches and time per cycle (case-insensitive
     substrings of the kernel name)."""
-    _, target, drafter, _ = group_kernels(trace)
-    cycles = max(len(target), 1)
+    cycles, classes = _graph_classes(trace)
     out: dict[str, dict[str, dict[str, float]]] = {}
-    for cls, groups in (("target_graph", target), ("drafter_graph", drafter)):
-        kernels = [k for g in groups for k in g]
+    for cls, kernels in classes:
         out[cls] = {}
         for family, needles in families.items():
             hits = [k for k in kernels if any(n in k["name"].lower() for n in needles)]
@@ -265,20 +278,18 @@ def kernel_grids(
     """Per graph class and matching kernel (case-insensitive substrings of the name): each
     distinct launch shape (CUPTI's ``grid`` and ``block`` args) with its launches and time
     per cycle, the most-called first."""
-    _, target, drafter, _ = group_kernels(trace)
-    cycles = max(len(target), 1)
+
+    def shape(k: Mapping[str, Any]) -> tuple[str, tuple, tuple] | None:
+        needle = next((n for n in needles if n in k["name"].lower()), None)
+        if needle is None:
+            return None
+        args = k.get("args") or {}
+        return needle, tuple(args.get("grid") or ()), tuple(args.get("block") or ())
+
+    cycles, classes = _graph_classes(trace)
     out: dict[str, dict[str, list[dict[str, Any]]]] = {}
-    for cls, groups in (("target_graph", target), ("drafter_graph", drafter)):
-        shapes: dict[tuple[str, tuple, tuple], list[float]] = {}
-        for k in (k for g in groups for k in g):
-            needle = next((n for n in needles if n in k["name"].lower()), None)
-            if needle is None:
-                continue
-            args = k.get("args") or {}
-            key = (needle, tuple(args.get("grid") or ()), tuple(args.get("block") or ()))
-            entry = shapes.setdefault(key, [0, 0.0])
-            entry[0] += 1
-            entry[1] += k.get("dur", 0)
+    for cls, kernels in classes:
+        shapes = tally(kernels, shape)
         out[cls] = {}
         for (needle, grid, block), (calls, us) in sorted(shapes.items(), key=lambda kv: -kv[1][0]):
             out[cls].setdefault(needle, []).append(

@@ -27,7 +27,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from sglang_ext_tools.trace_breakdown import GRAPH_LAUNCH, graph_launches
+from sglang_ext_tools.trace_breakdown import GRAPH_LAUNCH, graph_launches, tally
 
 # CUDA runtime / driver calls by what they do for the host
 SYNC = ("Synchronize", "cudaMemcpy", "cuMemcpyDtoH")  # the host waits (cudaMemcpy: not *Async)
@@ -70,13 +70,8 @@ def host_breakdown(trace: Mapping[str, Any], top: int = 8) -> dict[str, Any] | N
     cycles = len(target) - 1
     mine = [e for e in events if (e.get("pid"), e.get("tid")) == thread and start <= e["ts"] < end]
     calls = [e for e in mine if e.get("cat") == "cuda_runtime"]
-    by_kind: dict[str, list[float]] = {}
-    by_name: dict[str, list[float]] = {}
-    for e in calls:
-        for bucket, key in ((by_kind, kind(e["name"])), (by_name, api_name(e["name"]))):
-            entry = bucket.setdefault(key, [0, 0.0])
-            entry[0] += 1
-            entry[1] += e.get("dur", 0)
+    by_kind = tally(calls, lambda e: kind(e["name"]))
+    by_name = tally(calls, lambda e: api_name(e["name"]))
     ops = [e for e in mine if e.get("cat") == "cpu_op"]
     # every other thread that called CUDA in the window (a scheduler that launches from one
     # thread and waits on results in another shows its wait there)
