@@ -220,23 +220,25 @@ stop_session() {
 # more for the memory to come free. A pid nvidia-smi reports that this machine does not have
 # (another PID namespace) is left alone.
 gpu_idle() {
-    local wait_s=${1:-60} pids pgid
+    local pgid
     command -v nvidia-smi >/dev/null || return 0
-    for round in 1 2; do
-        for _ in $(seq "$wait_s"); do
-            pids=$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null || true)
-            [ -z "$pids" ] && return 0
-            sleep 1
-        done
-        [ "$round" = 2 ] && break
-        for pid in $pids; do
-            [ -d "/proc/$pid" ] || continue
-            pgid=$(ps -o pgid= -p "$pid" 2>/dev/null | tr -d ' ')
-            kill -KILL -- "-${pgid:-$pid}" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
-        done
-        wait_s=15
+    gpu_free "${1:-60}" && return 0
+    for pid in $GPU_PIDS; do
+        [ -d "/proc/$pid" ] || continue
+        pgid=$(ps -o pgid= -p "$pid" 2>/dev/null | tr -d ' ')
+        kill -KILL -- "-${pgid:-$pid}" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
     done
-    echo "gpu_idle: the GPU still holds processes $pids" >&2
+    gpu_free 15 && return 0
+    echo "gpu_idle: the GPU still holds processes $GPU_PIDS" >&2
+}
+# Whether the GPU holds no process within SECS seconds; what it holds last in GPU_PIDS.
+gpu_free() {
+    for _ in $(seq "$1"); do
+        GPU_PIDS=$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null || true)
+        [ -z "$GPU_PIDS" ] && return 0
+        sleep 1
+    done
+    return 1
 }
 # The newest checkout for a detached pipeline to pick up later (never the copy it runs from).
 sync_latest() {

@@ -394,3 +394,33 @@ def test_speed_rebench_refuses_a_running_pipeline_it_cannot_stop(tmp_path):
     assert sorted(p.name for p in speed.iterdir()) == [
         "pipeline.log", "result", "stage-widen-drafters.json"
     ]
+
+
+@pytest.mark.skipif(
+    not all(shutil.which(t) for t in ("bash", "ps", "awk")), reason="needs bash, ps and awk"
+)
+def test_gpu_idle_kills_what_still_holds_the_gpu_by_its_process_group(tmp_path):
+    """gpu_idle (speed-rebench): a server left on the GPU after the wait is killed with its
+    process group, and the step returns once the GPU is free; an empty GPU returns at once."""
+    server = subprocess.Popen(["sleep", "60"], start_new_session=True)  # its own group
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "nvidia-smi").write_text(
+        "#!/bin/sh\n"
+        f"st=$(awk '{{print $3}}' /proc/{server.pid}/stat 2>/dev/null)\n"
+        f'[ -n "$st" ] && [ "$st" != Z ] && echo {server.pid}\nexit 0\n'
+    )
+    (fake / "nvidia-smi").chmod(0o755)
+    env = {"PATH": f"{fake}:/usr/bin:/bin"}
+    script = f"{_functions('gpu_idle', 'gpu_free')}\ngpu_idle 1\n"
+    try:
+        started = time.time()
+        subprocess.run(["bash", "-c", script], env=env, check=True, timeout=60)
+        assert server.wait(timeout=5) == -9 and time.time() - started < 10
+        started = time.time()
+        subprocess.run(["bash", "-c", script], env=env, check=True, timeout=60)
+        assert time.time() - started < 1  # nothing on the GPU: no wait
+    finally:
+        if server.poll() is None:
+            server.kill()
+        server.wait()
