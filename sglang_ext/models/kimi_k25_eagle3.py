@@ -60,8 +60,7 @@ class Eagle3DeepseekV2ForCausalLM(upstream.Eagle3DeepseekV2ForCausalLM):
         spec = drafter_spec_for(config)
         check_algorithm(getattr(compat.server_args(), "speculative_algorithm", None), spec.source)
         super().__init__(config, quant_config=quant_config, prefix=prefix)
-        head_prefix = f"{prefix}.lm_head" if prefix else "lm_head"
-        draft_head.apply(self, config, quant_config, head_prefix, spec.source)
+        draft_head.apply(self, quant_config, prefix, spec.source)
         self.spec = spec
         self.model.__class__ = Eagle3MLAModel
         self.model.fusion = FusionPolicy.for_spec(spec)

@@ -136,8 +136,7 @@ class LlamaForCausalLMEagle3(upstream.LlamaForCausalLMEagle3):
                 + spec.no_capture_problem(spec.fc_input_hidden_size)
             )
         super().__init__(config, quant_config=quant_config, prefix=prefix)
-        head_prefix = f"{prefix}.lm_head" if prefix else "lm_head"
-        draft_head.apply(self, config, quant_config, head_prefix, spec.source)
+        draft_head.apply(self, quant_config, prefix, spec.source)
         self.spec = spec
         self.model.__class__ = Eagle3Model
         self.model.fusion = FusionPolicy.for_spec(spec)

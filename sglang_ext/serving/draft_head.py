@@ -76,17 +76,18 @@ def fp8_head(config, quant_config, prefix: str):
     )
 
 
-def apply(model, config, quant_config, prefix: str, source: str) -> bool:
-    """Replace ``model.lm_head`` (SGLang's, built) with the fp8 head when requested. Where it
-    cannot apply, say so in the startup log and keep SGLang's head."""
+def apply(model, quant_config, prefix: str, source: str) -> bool:
+    """Replace ``model.lm_head`` (SGLang's, built; ``prefix`` the model's) with the fp8 head
+    when requested. Where it cannot apply, say so in the startup log and keep SGLang's head."""
     if not requested():
         return False
+    config = model.config
     reason = why_not(model, quant_config)
     head = None
     if reason is None:
         from sglang.srt.layers.quantization.fp8 import Fp8LinearMethod
 
-        head = fp8_head(config, quant_config, prefix)
+        head = fp8_head(config, quant_config, f"{prefix}.lm_head" if prefix else "lm_head")
         if not isinstance(head.quant_method, Fp8LinearMethod):  # SGLANG_FP8_IGNORED_LAYERS
             reason = f"SGLang's fp8 config gives it {type(head.quant_method).__name__}"
     if reason is not None:
