@@ -71,7 +71,7 @@
 #   bash node/gpu_node.sh seed-shape-bench [args]
 #                                              a fused-MoE config tuned for the target
 #                                              (tune_moe; SEED_MOE_TUNE=0: SGLang's default;
-#                                              beside it moe-configs-4as6, moe_config_alias),
+#                                              beside it moe-configs-bn64, moe_config_alias),
 #                                              bench_speed on the wide pair -> $OUT (chain
 #                                              3/1/4, 5/1/6, the seed's tree 3/4/5, and
 #                                              plugin vs stock on the converted drafter;
@@ -151,7 +151,8 @@
 set -euo pipefail
 WH=/tmp/wh SITE=${SGLANG_EXT_SITE:-/tmp/site} FIX=/tmp/fixtures MLA=${SGLANG_EXT_MLA_DIR:-/tmp/mla} SUITE=/tmp/suite
 LOGS=${SGLANG_EXT_LOG_DIR:-/tmp/sglang-ext-logs} PATCHED=${SGLANG_EXT_PATCHED_DIR:-/tmp/site_patched}
-SPEED=${SGLANG_EXT_SPEED_DIR:-/tmp/speed} TRAIN_SITE=/tmp/site-train INSTALLED=/tmp/sglang-installed SEED=/tmp/seed
+SPEED=${SGLANG_EXT_SPEED_DIR:-/tmp/speed} TRAIN_SITE=/tmp/site-train INSTALLED=/tmp/sglang-installed
+SEED=${SGLANG_EXT_SEED_DIR:-/tmp/seed}
 PACKS=${SGLANG_EXT_PACK_DIR:-/tmp}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -636,7 +637,7 @@ seed-shape-bench)
     # "Using default MoE kernel config ... E=32,N=256,device_name=NVIDIA_H200". Tune one on
     # this GPU first (nothing else runs on it now) and serve every server with it, the
     # baseline too, as that warning asks a user to do; SEED_MOE_TUNE=0 keeps the default.
-    rm -rf "$SEED/moe-configs-4as6"  # a probe variant never reads an earlier run's copy
+    rm -rf "$SEED/moe-configs-bn64"  # a variant never reads an earlier run's copy
     if [ "${SEED_MOE_TUNE:-1}" = 1 ]; then
         rm -rf "$SEED/moe-configs"
         if python3 -m sglang_ext_tools.tune_moe --model "$MLA/wide-target" \
@@ -644,10 +645,14 @@ seed-shape-bench)
             --tokens 1 2 4 5 6 8 16 32 --time-limit "${SEED_MOE_TUNE_S:-150}" \
             >"$OUT/tune-moe.log" 2>&1; then
             export SGLANG_MOE_CONFIG_DIR=$SEED/moe-configs
-            # the same file with 4 tokens on 6's entry, for a probe variant that asks whether
-            # that entry makes 3/1/4's verify dearer than 5/1/6's (moe_config_alias)
+            # the same file with block N 64 at the verify sizes, for a variant server
+            # (--variant bn64@5,1,6:SGLANG_MOE_CONFIG_DIR=$SEED/moe-configs-bn64). 2026-12-03:
+            # 5/1/6's cycle was 0.17 decode steps cheaper on the run whose tuner picked 64 at 6
+            # tokens than on the one whose tuner picked 32, at equal tuner times; the tuner
+            # times fused_experts without the shared experts' stream (moe_config_alias)
             python3 -m sglang_ext_tools.moe_config_alias --from "$SEED/moe-configs" \
-                --out "$SEED/moe-configs-4as6" --entry 4=6 >>"$OUT/tune-moe.log" 2>&1 || true
+                --out "$SEED/moe-configs-bn64" --set 4,5,6:BLOCK_SIZE_N=64 \
+                >>"$OUT/tune-moe.log" 2>&1 || true
         fi
     fi
     # The zero-acceptance probe the advisor reads its cycle costs from. SEED_PROBE=twin (the
@@ -669,7 +674,7 @@ seed-shape-bench)
         probe=(--drafter "$MLA/wide-drafter-probe")
     fi
     # SEED_PROBE_ARGS: more bench_speed arguments for the probe (a --variant server, say:
-    # "--variant moe4as6@3,1,4:SGLANG_MOE_CONFIG_DIR=$SEED/moe-configs-4as6"); the advisor
+    # "--variant bn64@3,1,4:SGLANG_MOE_CONFIG_DIR=$SEED/moe-configs-bn64"); the advisor
     # reads only the main drafter's rows
     probe_on() {
         local trace=() extra=()

@@ -50,3 +50,30 @@ def test_a_new_count_is_added_and_errors_name_what_is_wrong(tmp_path, capsys):
     assert "no config files under configs/" in capsys.readouterr().err
     assert mca.main(["--from", str(src), "--out", str(tmp_path / "z"), "--entry", "4"]) == 2
     assert "TO=FROM" in capsys.readouterr().err
+
+
+def test_set_pins_a_field_in_the_counts_it_names(tmp_path, capsys):
+    """--set 4,6:BLOCK_SIZE_N=64: those entries with the field changed, the others as they
+    were; the source untouched. A count or field the file lacks is named, nothing written."""
+    src, out = _src(tmp_path), tmp_path / "moe-bn64"
+    argv = ["--from", str(src), "--out", str(out), "--set", "4,6:BLOCK_SIZE_N=64"]
+    assert mca.main(argv) == 0
+    copied = json.loads((out / NAME).read_text())
+    assert copied["4"] == {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64}
+    assert copied["6"] == TABLE["6"] and copied["1"] == TABLE["1"]
+    assert copied["16"] == TABLE["16"]
+    assert json.loads((src / NAME).read_text()) == TABLE
+    # an entry borrowed, then a field set in it
+    both = tmp_path / "both"
+    argv = ["--from", str(src), "--out", str(both), "--entry", "4=16", "--set", "4:BLOCK_SIZE_M=32"]
+    assert mca.main(argv) == 0
+    assert json.loads((both / NAME).read_text())["4"] == {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 128}
+    capsys.readouterr()
+    for bad, said in (("5:BLOCK_SIZE_N=64", "no entry '5'"),
+                      ("4:BLOCK_N=64", "no field BLOCK_N"),
+                      ("4:BLOCK_SIZE_N=sixty", "COUNTS:FIELD=VALUE"),
+                      ("x:BLOCK_SIZE_N=64", "COUNTS:FIELD=VALUE")):  # fmt: skip
+        target = tmp_path / f"bad-{len(said)}"
+        assert mca.main(["--from", str(src), "--out", str(target), "--set", bad]) == 2
+        assert said in capsys.readouterr().err
+        assert not target.exists()

@@ -378,6 +378,39 @@ def test_seed_probe_args_reach_the_probe_and_only_the_probe(tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_a_tuned_moe_config_is_served_and_its_block_n_64_copy_written_beside_it(tmp_path):
+    """seed-shape-bench tunes first; when the tuner succeeds every bench_speed call runs with
+    its directory in SGLANG_MOE_CONFIG_DIR, and moe_config_alias writes the copy with block N
+    64 at the verify sizes (4, 5, 6 tokens) for a variant server, after an earlier run's copy
+    is removed."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    calls = tmp_path / "calls"
+    (fake / "python3").write_text(
+        f'#!/bin/sh\necho "MOE=$SGLANG_MOE_CONFIG_DIR $*" >> {calls}\nexit 0\n'
+    )
+    (fake / "python3").chmod(0o755)
+    mla, logs, seed = tmp_path / "mla", tmp_path / "logs", tmp_path / "seed"
+    (mla / "wide-target").mkdir(parents=True)
+    (mla / "wide-target" / "config.json").write_text("{}")
+    logs.mkdir()
+    (seed / "moe-configs-bn64").mkdir(parents=True)  # an earlier run's copy
+    env = {"PATH": f"{fake}:/usr/bin:/bin", "OUT": str(tmp_path / "out"), "HOME": str(tmp_path),
+           "SGLANG_EXT_LOG_DIR": str(logs), "SGLANG_EXT_MLA_DIR": str(mla),
+           "SGLANG_EXT_SEED_DIR": str(seed)}  # fmt: skip
+    subprocess.run(["bash", str(SCRIPT), "seed-shape-bench"], env=env, cwd=ROOT,
+                   capture_output=True, check=False, timeout=60)  # fmt: skip
+    lines = calls.read_text().splitlines()
+    tune = next(i for i, c in enumerate(lines) if "sglang_ext_tools.tune_moe" in c)
+    alias = next(i for i, c in enumerate(lines) if "sglang_ext_tools.moe_config_alias" in c)
+    assert tune < alias
+    assert f"--out {seed}/moe-configs-bn64 --set 4,5,6:BLOCK_SIZE_N=64" in lines[alias]
+    assert not (seed / "moe-configs-bn64").exists()  # removed before; the fake wrote nothing
+    benches = [c for c in lines if "sglang_ext_tools.bench_speed" in c]
+    assert benches and all(c.startswith(f"MOE={seed}/moe-configs ") for c in benches)
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 def test_speed_rebench_refuses_a_running_pipeline_it_cannot_stop(tmp_path):
     """A pipeline that left no pipeline.pid (started before speed-rebench existed) and is
     neither DONE nor FAILED may still write its result: speed-rebench says so and moves
