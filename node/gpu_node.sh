@@ -623,8 +623,11 @@ seed-shape-bench)
         # --second-pair: a second plugin/stock pair in a group of its own, both pooled for
         # the goal (2026-12-03: three pairs of fresh servers gave 0.960 [0.941, 0.976], 1.005
         # and 1.024, and two stock servers 0.991: one pair is one draw of instance noise)
+        # SEED_SECOND_PAIR=0: one pair (a run whose question is elsewhere; its group's time
+        # goes to that question's servers)
         pair=(--drafter-nbr-false "$MLA/wide-drafter-sglang" --compare-setting 3,1,4
-            --drafter-nbr-false-sglang "$MLA/wide-drafter-sglang" --second-pair)
+            --drafter-nbr-false-sglang "$MLA/wide-drafter-sglang")
+        if [ "${SEED_SECOND_PAIR:-1}" = 1 ]; then pair+=(--second-pair); fi
     fi
     wide() {
         python3 -m sglang_ext_tools.bench_speed --target "$MLA/wide-target" \
@@ -653,6 +656,19 @@ seed-shape-bench)
             python3 -m sglang_ext_tools.moe_config_alias --from "$SEED/moe-configs" \
                 --out "$SEED/moe-configs-bn64" --set 4,5,6:BLOCK_SIZE_N=64 \
                 >>"$OUT/tune-moe.log" 2>&1 || true
+            # the verify sizes timed again beside the shared expert's MLP on a second stream,
+            # as the server runs them (tune_moe --beside-shared): its picks and every
+            # candidate's time, to hold against the bn64 variants. Reported, not served;
+            # SEED_MOE_SHARED_TUNE_S=0 skips it. Into $LOGS, so server-logs.tgz carries it
+            # (a DONE poll already returns 8 files, a call's most)
+            if [ "${SEED_MOE_SHARED_TUNE_S:-40}" != 0 ]; then
+                rm -rf "$SEED/moe-configs-shared"
+                python3 -m sglang_ext_tools.tune_moe --model "$MLA/wide-target" \
+                    --out "$SEED/moe-configs-shared" --json "$LOGS/tune-moe-shared.json" \
+                    --quick --beside-shared --tokens 4 5 6 \
+                    --time-limit "${SEED_MOE_SHARED_TUNE_S:-40}" \
+                    >"$LOGS/tune-moe-shared.log" 2>&1 || true
+            fi
         fi
     fi
     # The zero-acceptance probe the advisor reads its cycle costs from. SEED_PROBE=twin (the

@@ -22,6 +22,15 @@ for that count, so the file changes nothing the search did not time. Then serve 
 The report (--json) has, per token count, the default config's time, the best one's, and
 the saving per forward over the model's MoE layers: the prediction to hold the served
 cycle against.
+
+``--beside-shared`` times each candidate as a server runs it: ``fused_experts`` on the
+current stream and the shared experts' MLP on a second stream issued after it, forked and
+joined inside the graph (SGLang 0.5.23's ``deepseek_v2.py:DeepseekV2MoE.
+forward_normal_dual_stream``). Alone, the kernel was timed equal at block N 32 and 64 for 6
+tokens (89.5 and 90.6 us) on 2026-12-03, while the served 5/1/6 cycle was 0.17 decode steps
+cheaper with 64: the shared expert's small kernels wait for SMs the routed kernel's CTAs
+hold, and fewer CTAs free them sooner. Each count's timings of every candidate are in the
+report (``timed``), so the two modes can be set side by side.
 """
 
 from __future__ import annotations
@@ -52,6 +61,7 @@ class MoeShape:
     hidden: int  # K
     topk: int
     layers: int  # MoE layers per forward (the saving multiplies by it)
+    shared: int = 0  # the shared experts' intermediate width on this rank (0: none)
 
     @classmethod
     def from_config(cls, config: dict[str, Any], tp: int = 1) -> MoeShape:
@@ -75,12 +85,14 @@ class MoeShape:
         dense = config.get("first_k_dense_replace", 0)
         freq = config.get("moe_layer_freq", 1)
         layers = sum(1 for i in range(config["num_hidden_layers"]) if i >= dense and i % freq == 0)
+        shared = (config.get("n_shared_experts") or 0) * config["moe_intermediate_size"]
         return cls(
             experts=config["n_routed_experts"],
             intermediate=config["moe_intermediate_size"] // tp,
             hidden=config["hidden_size"],
             topk=config["num_experts_per_tok"],
             layers=layers,
+            shared=shared // tp,
         )
 
 
@@ -197,8 +209,57 @@ def _timer(fn, reps: int, graph_calls: int) -> float:
     return times[len(times) // 2]
 
 
-def tune(shape: MoeShape, tokens, configs, reps: int, graph_calls: int, time_limit: float):
-    """Per token count: (default config, its ms, best config, its ms, configs timed)."""
+def beside(routed, shared, side, cuda=None):
+    """One call that runs ``routed()`` on the current stream and ``shared()`` on ``side``,
+    issued after it: ``side`` waits for the current stream first (the fork) and the current
+    stream for ``side`` last (the join), so inside a captured graph the two run
+    concurrently, in the order SGLang 0.5.23 issues a DeepSeek MoE layer's two branches.
+    ``cuda``: ``torch.cuda`` (a stand-in in CPU tests)."""
+    if cuda is None:
+        import torch
+
+        cuda = torch.cuda
+
+    def both():
+        main = cuda.current_stream()
+        side.wait_stream(main)
+        routed()
+        with cuda.stream(side):
+            shared()
+        main.wait_stream(side)
+
+    return both
+
+
+def shared_mlp(x, gate_up, down):
+    """The shared experts' MLP as SGLang runs it in bf16: gate_up GEMM, SGLang's fused
+    silu-and-mul kernel (torch's ops where SGLang's is missing), down GEMM."""
+    import torch
+    import torch.nn.functional as F
+
+    h = F.linear(x, gate_up)
+    d = h.shape[-1] // 2
+    try:
+        from sglang.srt.layers.activation import silu_and_mul
+
+        act = torch.empty(h.shape[:-1] + (d,), dtype=h.dtype, device=h.device)
+        silu_and_mul(h, act)
+    except ImportError:
+        act = F.silu(h[..., :d]) * h[..., d:]
+    return F.linear(act, down)
+
+
+def tune(
+    shape: MoeShape,
+    tokens,
+    configs,
+    reps: int,
+    graph_calls: int,
+    time_limit: float,
+    beside_shared: bool = False,
+):
+    """Per token count: (default config, its ms, best config, its ms, configs timed, every
+    timing). ``beside_shared``: each call with the shared experts' MLP beside it (``beside``)."""
     import torch
     from sglang.srt.layers.moe.moe_runner.base import MoeRunnerConfig
     from sglang.srt.layers.moe.moe_runner.triton_utils import override_config
@@ -211,6 +272,10 @@ def tune(shape: MoeShape, tokens, configs, reps: int, graph_calls: int, time_lim
     w1 = torch.randn(e, 2 * n, k, device=dev, dtype=dt) * k**-0.5
     w2 = torch.randn(e, k, n, device=dev, dtype=dt) * n**-0.5
     runner = MoeRunnerConfig(inplace=False, top_k=shape.topk)
+    if beside_shared:
+        gate_up = torch.randn(2 * shape.shared, k, device=dev, dtype=dt) * k**-0.5
+        down = torch.randn(k, shape.shared, device=dev, dtype=dt) * shape.shared**-0.5
+        side = torch.cuda.Stream()
     calls = {}
     for m in tokens:
         x = torch.randn(m, k, device=dev, dtype=dt)
@@ -226,6 +291,8 @@ def tune(shape: MoeShape, tokens, configs, reps: int, graph_calls: int, time_lim
             with override_config(cfg):
                 fused_experts(x, w1, w2, topk_out, runner)
 
+        if beside_shared:
+            fn = beside(fn, lambda: shared_mlp(x, gate_up, down), side)
         return _timer(fn, reps, graph_calls)
 
     results = search(tokens, configs, timed_ms, default_config_for(shape), time_limit)
@@ -249,6 +316,7 @@ def search(tokens, configs, timed_ms, default_for, time_limit: float, clock=time
         ms = timed_ms(default, m)
         results[m] = {"default": default, "default_ms": ms, "best": dict(default), "best_ms": ms}
         results[m]["configs_timed"] = 0
+        results[m]["timed"] = []
     deadline = clock() + time_limit
     for cfg in configs:
         if clock() > deadline:
@@ -260,6 +328,7 @@ def search(tokens, configs, timed_ms, default_for, time_limit: float, clock=time
                 break
             r = results[m]
             r["configs_timed"] += 1
+            r["timed"].append({"config": dict(cfg), "ms": round(ms, 5)})
             if ms < r["best_ms"]:
                 r["best"], r["best_ms"] = dict(cfg), ms
     for r in results.values():
@@ -283,6 +352,13 @@ def parse_args(argv):
     p.add_argument("--time-limit", type=float, default=300.0, help="search seconds, all counts")
     p.add_argument("--out", required=True, help="new or empty directory: SGLANG_MOE_CONFIG_DIR")
     p.add_argument("--json", help="report file")
+    p.add_argument(
+        "--beside-shared",
+        action="store_true",
+        help="time each config with the shared experts' MLP on a second stream beside it, as "
+        "a DeepSeek-V3 layer runs in SGLang's captured graph",
+    )
+    p.add_argument("--shared", type=int, default=0, help="without --model: shared width")
     return p.parse_args(argv)
 
 
@@ -293,7 +369,9 @@ def shape_from_args(args) -> MoeShape:
     given = [args.experts, args.intermediate, args.hidden, args.topk]
     if any(v is None for v in given):
         raise ValueError("give --model, or all of --experts --intermediate --hidden --topk")
-    return MoeShape(args.experts, args.intermediate, args.hidden, args.topk, args.layers)
+    return MoeShape(
+        args.experts, args.intermediate, args.hidden, args.topk, args.layers, args.shared
+    )
 
 
 def main(argv=None) -> int:
@@ -302,6 +380,12 @@ def main(argv=None) -> int:
     out = Path(args.out)
     try:
         shape = shape_from_args(args)
+        if args.beside_shared and not shape.shared:
+            where = f"{args.model}/config.json" if args.model else "--shared"
+            raise ValueError(
+                f"--beside-shared: {where} gives no shared experts (n_shared_experts "
+                "0 or missing), so there is nothing to run beside the routed ones"
+            )
         check_out_dir(out)
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -324,6 +408,7 @@ def main(argv=None) -> int:
             args.reps,
             args.graph_calls,
             args.time_limit,
+            args.beside_shared,
         )
         table = config_table({m: r["best"] for m, r in results.items()}, default_config_for(shape))
     path = config_path(
@@ -343,6 +428,9 @@ def main(argv=None) -> int:
             "config_file": str(path),
             "command": "python -m sglang_ext_tools.tune_moe " + " ".join(argv),
             "wall_s": round(time.time() - started, 1),
+            "timing": "fused_experts beside the shared experts' MLP on a second stream"
+            if args.beside_shared
+            else "fused_experts alone",
             "tokens": {str(m): r for m, r in results.items()},
         }
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")

@@ -382,7 +382,8 @@ def test_a_tuned_moe_config_is_served_and_its_block_n_64_copy_written_beside_it(
     """seed-shape-bench tunes first; when the tuner succeeds every bench_speed call runs with
     its directory in SGLANG_MOE_CONFIG_DIR, and moe_config_alias writes the copy with block N
     64 at the verify sizes (4, 5, 6 tokens) for a variant server, after an earlier run's copy
-    is removed."""
+    is removed. The tuner then times 4-6 tokens beside the shared expert (report only;
+    SEED_MOE_SHARED_TUNE_S=0 skips it)."""
     fake = tmp_path / "bin"
     fake.mkdir()
     calls = tmp_path / "calls"
@@ -406,8 +407,22 @@ def test_a_tuned_moe_config_is_served_and_its_block_n_64_copy_written_beside_it(
     assert tune < alias
     assert f"--out {seed}/moe-configs-bn64 --set 4,5,6:BLOCK_SIZE_N=64" in lines[alias]
     assert not (seed / "moe-configs-bn64").exists()  # removed before; the fake wrote nothing
+    # the verify sizes timed again beside the shared expert, reported into the logs' archive
+    shared = [c for c in lines if "tune_moe" in c and "--beside-shared" in c]
+    assert len(shared) == 1 and "--tokens 4 5 6" in shared[0]
+    assert f"--json {logs}/tune-moe-shared.json" in shared[0]
     benches = [c for c in lines if "sglang_ext_tools.bench_speed" in c]
     assert benches and all(c.startswith(f"MOE={seed}/moe-configs ") for c in benches)
+    matrix = [c for c in benches if "--acceptance-dir" in c]
+    assert len(matrix) == 1 and "--second-pair" in matrix[0]
+    calls.unlink()
+    env |= {"SEED_MOE_SHARED_TUNE_S": "0", "SEED_SECOND_PAIR": "0"}
+    subprocess.run(["bash", str(SCRIPT), "seed-shape-bench"], env=env, cwd=ROOT,
+                   capture_output=True, check=False, timeout=60)  # fmt: skip
+    lines = calls.read_text().splitlines()
+    assert not any("--beside-shared" in c for c in lines)
+    matrix = [c for c in lines if "bench_speed" in c and "--acceptance-dir" in c]
+    assert len(matrix) == 1 and "--second-pair" not in matrix[0]
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")

@@ -143,6 +143,10 @@ def test_search_keeps_the_fastest_per_count_skips_refused_configs_and_stops_in_t
     assert results[8]["best"]["name"] == "fast_large" and results[8]["default_ms"] == 0.12
     assert results[1]["configs_timed"] == results[8]["configs_timed"] == 2
     assert results[8]["best"] is not fast_large  # a copy: the table never aliases a candidate
+    # every candidate's time at each count, for setting two timing modes side by side
+    assert [(t["config"]["name"], t["ms"]) for t in results[8]["timed"]] == [
+        ("fast_small", 0.13), ("fast_large", 0.07)
+    ]  # fmt: skip
 
 
 def test_fused_experts_python_path_runs_inside_the_context(monkeypatch):
@@ -187,3 +191,77 @@ def test_fused_experts_python_path_runs_inside_the_context(monkeypatch):
             out = fm.fused_experts_impl(x, w1, w2, weights, ids)
     assert out.shape == x.shape
     assert launched == [tuple(w1.shape), tuple(w2.shape)]
+
+
+def test_shared_experts_width_comes_from_the_config_and_splits_over_tp():
+    config = {**KIMI_RANK, "n_shared_experts": 1}
+    assert tune_moe.MoeShape.from_config(config).shared == 256
+    assert tune_moe.MoeShape.from_config(config, tp=2).shared == 128
+    assert tune_moe.MoeShape.from_config(KIMI_RANK).shared == 0
+
+
+class _Stream:
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+
+    def wait_stream(self, other):
+        self.log.append(f"{self.name} waits {other.name}")
+
+
+class _Cuda:
+    """torch.cuda's stream calls, recorded: which stream each branch ran on."""
+
+    def __init__(self, log):
+        self.log, self.main = log, _Stream("main", log)
+        self.now = self.main
+
+    def current_stream(self):
+        return self.now
+
+    def stream(self, stream):
+        cuda = self
+
+        class _On:
+            def __enter__(self):
+                cuda.before, cuda.now = cuda.now, stream
+
+            def __exit__(self, *exc):
+                cuda.now = cuda.before
+
+        return _On()
+
+
+def test_beside_forks_runs_routed_then_shared_on_the_side_stream_and_joins():
+    """SGLang 0.5.23's order for a DeepSeek MoE layer in a captured graph: the side stream
+    waits for the main one, the routed experts are issued on main, the shared MLP after them
+    on the side stream, and main waits for the side stream before the layer's sum."""
+    log = []
+    cuda = _Cuda(log)
+    side = _Stream("side", log)
+    both = tune_moe.beside(
+        lambda: log.append(f"routed on {cuda.current_stream().name}"),
+        lambda: log.append(f"shared on {cuda.current_stream().name}"),
+        side,
+        cuda,
+    )
+    both()
+    assert log == ["side waits main", "routed on main", "shared on side", "main waits side"]
+    assert cuda.current_stream() is cuda.main
+
+
+def test_shared_mlp_is_gate_up_silu_and_mul_down():
+    torch = pytest.importorskip("torch")
+    x = torch.randn(3, 8)
+    gate_up, down = torch.randn(2 * 4, 8), torch.randn(8, 4)
+    h = x @ gate_up.T
+    expected = (torch.nn.functional.silu(h[:, :4]) * h[:, 4:]) @ down.T
+    torch.testing.assert_close(tune_moe.shared_mlp(x, gate_up, down), expected)
+
+
+def test_beside_shared_is_refused_for_a_model_without_shared_experts(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps(KIMI_RANK))
+    argv = ["--model", str(tmp_path), "--out", str(tmp_path / "o"), "--beside-shared"]
+    assert tune_moe.main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path}/config.json gives no shared experts" in err
+    assert not (tmp_path / "o").exists()
