@@ -629,12 +629,16 @@ seed-shape-bench)
             --drafter-nbr-false-sglang "$MLA/wide-drafter-sglang")
         if [ "${SEED_SECOND_PAIR:-1}" = 1 ]; then pair+=(--second-pair); fi
     fi
+    # SEED_PREFILL_GRAPH=breakable: every server with SGLang 0.5.23's own default for this
+    # model, a prefill CUDA graph (the bench's default is eager: its capture costs startup
+    # time). 2026-12-03: a first token took 157 ms, 18.6 ms of it GPU kernels
     wide() {
         python3 -m sglang_ext_tools.bench_speed --target "$MLA/wide-target" \
             --drafter "$MLA/wide-drafter" --prompts "$MLA/prompts.jsonl" \
             --settings 3,1,4 5,1,6 3,4,5 --attention-backend fa3 --max-new-tokens 128 \
             --batch1-requests 16 --at-once 4 --mem-fraction 0.9 --max-total-tokens 16384 \
-            --startup-timeout 300 ${BENCH_PIN_CPUS:+--pin-cpus "$BENCH_PIN_CPUS"} "$@"
+            --startup-timeout 300 ${BENCH_PIN_CPUS:+--pin-cpus "$BENCH_PIN_CPUS"} \
+            ${SEED_PREFILL_GRAPH:+--prefill-graph "$SEED_PREFILL_GRAPH"} "$@"
     }
     # SGLang ships no fused-MoE kernel config for this shape: every server of 2026-12-03 logged
     # "Using default MoE kernel config ... E=32,N=256,device_name=NVIDIA_H200". Tune one on

@@ -383,7 +383,8 @@ def test_a_tuned_moe_config_is_served_and_its_block_n_64_copy_written_beside_it(
     its directory in SGLANG_MOE_CONFIG_DIR, and moe_config_alias writes the copy with block N
     64 at the verify sizes (4, 5, 6 tokens) for a variant server, after an earlier run's copy
     is removed. The tuner then times 4-6 tokens beside the shared expert (report only;
-    SEED_MOE_SHARED_TUNE_S=0 skips it)."""
+    SEED_MOE_SHARED_TUNE_S=0 skips it). SEED_SECOND_PAIR=0 drops the second plugin/stock
+    pair; SEED_PREFILL_GRAPH reaches the probe's and the matrix's servers alike."""
     fake = tmp_path / "bin"
     fake.mkdir()
     calls = tmp_path / "calls"
@@ -415,14 +416,18 @@ def test_a_tuned_moe_config_is_served_and_its_block_n_64_copy_written_beside_it(
     assert benches and all(c.startswith(f"MOE={seed}/moe-configs ") for c in benches)
     matrix = [c for c in benches if "--acceptance-dir" in c]
     assert len(matrix) == 1 and "--second-pair" in matrix[0]
+    assert not any("--prefill-graph" in c for c in benches)  # eager unless asked
     calls.unlink()
-    env |= {"SEED_MOE_SHARED_TUNE_S": "0", "SEED_SECOND_PAIR": "0"}
+    env |= {"SEED_MOE_SHARED_TUNE_S": "0", "SEED_SECOND_PAIR": "0",
+            "SEED_PREFILL_GRAPH": "breakable"}  # fmt: skip
     subprocess.run(["bash", str(SCRIPT), "seed-shape-bench"], env=env, cwd=ROOT,
                    capture_output=True, check=False, timeout=60)  # fmt: skip
     lines = calls.read_text().splitlines()
     assert not any("--beside-shared" in c for c in lines)
     matrix = [c for c in lines if "bench_speed" in c and "--acceptance-dir" in c]
     assert len(matrix) == 1 and "--second-pair" not in matrix[0]
+    benches = [c for c in lines if "sglang_ext_tools.bench_speed" in c]
+    assert len(benches) == 2 and all("--prefill-graph breakable" in c for c in benches)
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
