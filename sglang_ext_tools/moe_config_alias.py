@@ -2,10 +2,11 @@
 counts run another count's config: ``--entry 4=6`` serves 4 tokens with the entry for 6;
 ``--set 4,5,6:BLOCK_SIZE_N=64`` changes fields of those counts' entries.
 
-At the seed's rank shape, 3/1/4's verify (4 tokens) has cost more than 5/1/6's (6 tokens)
-in every run. SGLang 0.5.23's MoE path differs between the two only in the config entry the
-nearest-key lookup picks (``fused_moe_triton_config.try_get_optimal_moe_config``); the tuned
-file of 2026-12-03 had block N 32 at 4 tokens and 64 at 6. A server serving 4 tokens with
+At the seed's rank shape, 3/1/4's verify (4 tokens) cost more than 5/1/6's (6 tokens) in
+every run up to 2026-12-03's fourth. SGLang 0.5.23's MoE path differs between the two only in
+the config entry the nearest-key lookup picks
+(``fused_moe_triton_config.try_get_optimal_moe_config``); the tuned file of that fourth run
+had block N 32 at 4 tokens and 64 at 6. A server serving 4 tokens with
 6's entry (a ``bench_speed --variant`` with ``SGLANG_MOE_CONFIG_DIR`` set to the copy) tells
 whether that entry is what makes the shorter verify dearer.
 

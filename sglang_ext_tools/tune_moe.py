@@ -231,21 +231,15 @@ def beside(routed, shared, side, cuda=None):
     return both
 
 
-def shared_mlp(x, gate_up, down):
-    """The shared experts' MLP as SGLang runs it in bf16: gate_up GEMM, SGLang's fused
-    silu-and-mul kernel (torch's ops where SGLang's is missing), down GEMM."""
+def shared_mlp(x, gate_up, down, silu_and_mul):
+    """The shared experts' MLP as SGLang runs it in bf16: gate_up GEMM, ``silu_and_mul(h,
+    out)`` (the tuner passes SGLang's fused kernel), down GEMM."""
     import torch
     import torch.nn.functional as F
 
     h = F.linear(x, gate_up)
-    d = h.shape[-1] // 2
-    try:
-        from sglang.srt.layers.activation import silu_and_mul
-
-        act = torch.empty(h.shape[:-1] + (d,), dtype=h.dtype, device=h.device)
-        silu_and_mul(h, act)
-    except ImportError:
-        act = F.silu(h[..., :d]) * h[..., d:]
+    act = torch.empty(h.shape[:-1] + (h.shape[-1] // 2,), dtype=h.dtype, device=h.device)
+    silu_and_mul(h, act)
     return F.linear(act, down)
 
 
@@ -273,6 +267,8 @@ def tune(
     w2 = torch.randn(e, k, n, device=dev, dtype=dt) * n**-0.5
     runner = MoeRunnerConfig(inplace=False, top_k=shape.topk)
     if beside_shared:
+        from sglang.srt.layers.activation import silu_and_mul
+
         gate_up = torch.randn(2 * shape.shared, k, device=dev, dtype=dt) * k**-0.5
         down = torch.randn(k, shape.shared, device=dev, dtype=dt) * shape.shared**-0.5
         side = torch.cuda.Stream()
@@ -292,7 +288,7 @@ def tune(
                 fused_experts(x, w1, w2, topk_out, runner)
 
         if beside_shared:
-            fn = beside(fn, lambda: shared_mlp(x, gate_up, down), side)
+            fn = beside(fn, lambda: shared_mlp(x, gate_up, down, silu_and_mul), side)
         return _timer(fn, reps, graph_calls)
 
     results = search(tokens, configs, timed_ms, default_config_for(shape), time_limit)

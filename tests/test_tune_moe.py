@@ -250,12 +250,18 @@ def test_beside_forks_runs_routed_then_shared_on_the_side_stream_and_joins():
 
 
 def test_shared_mlp_is_gate_up_silu_and_mul_down():
+    """The activation is the one handed in (SGLang's fused kernel on the GPU; its math here),
+    written into the buffer shared_mlp gives it."""
     torch = pytest.importorskip("torch")
     x = torch.randn(3, 8)
     gate_up, down = torch.randn(2 * 4, 8), torch.randn(8, 4)
+
+    def silu_and_mul(h, out):
+        out.copy_(torch.nn.functional.silu(h[:, :4]) * h[:, 4:])
+
     h = x @ gate_up.T
     expected = (torch.nn.functional.silu(h[:, :4]) * h[:, 4:]) @ down.T
-    torch.testing.assert_close(tune_moe.shared_mlp(x, gate_up, down), expected)
+    torch.testing.assert_close(tune_moe.shared_mlp(x, gate_up, down, silu_and_mul), expected)
 
 
 def test_beside_shared_is_refused_for_a_model_without_shared_experts(tmp_path, capsys):
