@@ -629,6 +629,9 @@ seed-shape-bench)
             --drafter-nbr-false-sglang "$MLA/wide-drafter-sglang")
         if [ "${SEED_SECOND_PAIR:-1}" = 1 ]; then pair+=(--second-pair); fi
     fi
+    # SEED_PAIR=0: no plugin/stock pair at all (a lease cut short: the fifth run measured
+    # it, pooled over two pairs, and its group's ~160 s go to the run's own question)
+    if [ "${SEED_PAIR:-1}" = 0 ]; then pair=(); fi
     # SEED_PREFILL_GRAPH=breakable: every server with SGLang 0.5.23's own default for this
     # model, a prefill CUDA graph (the bench's default is eager: its capture costs startup
     # time). 2026-12-03: a first token took 157 ms, 18.6 ms of it GPU kernels
@@ -705,7 +708,9 @@ seed-shape-bench)
             --log-dir "$LOGS/probe-$1" "${trace[@]}" --attention-backend "$1" \
             --out-json "$OUT/seed-shape-probe.json" 2>&1 | tee -a "$OUT/bench.log" || true
     }
-    probe_on fa3
+    # SEED_PROBE=none: no zero-acceptance probe (the trained matrix's cycles, τ / speedup,
+    # answer a run about one kernel config; the advisor then has no costs and says so)
+    if [ "${SEED_PROBE:-twin}" != none ]; then probe_on fa3; fi
     status=130
     if [ -z "$stopped" ]; then
         set +e
@@ -733,7 +738,7 @@ sys.exit(0 if any(s["status"] == "ready" for s in d["servers"]) else 1)' "$OUT/s
             --attention-backend triton 2>&1 | tee -a "$OUT/bench.log"
         status=${PIPESTATUS[0]}
         mv "$OUT/seed-shape-probe.json" "$OUT/seed-shape-probe-fa3-failed.json" 2>/dev/null || true
-        probe_on triton
+        if [ "${SEED_PROBE:-twin}" != none ]; then probe_on triton; fi
     fi
     # (spec-*: the main drafter's servers; the converted pair's records are another drafter)
     python3 -m sglang_ext.cli tune "$LOGS"/acceptance/spec-*.jsonl --costs "$OUT/seed-shape-probe.json" \

@@ -428,6 +428,14 @@ def test_a_tuned_moe_config_is_served_and_its_block_n_64_copy_written_beside_it(
     assert len(matrix) == 1 and "--second-pair" not in matrix[0]
     benches = [c for c in lines if "sglang_ext_tools.bench_speed" in c]
     assert len(benches) == 2 and all("--prefill-graph breakable" in c for c in benches)
+    # SEED_PROBE=none: the matrix alone; SEED_PAIR=0: no plugin/stock pair in it
+    calls.unlink()
+    env |= {"SEED_PROBE": "none", "SEED_PAIR": "0"}
+    subprocess.run(["bash", str(SCRIPT), "seed-shape-bench"], env=env, cwd=ROOT,
+                   capture_output=True, check=False, timeout=60)  # fmt: skip
+    benches = [c for c in calls.read_text().splitlines() if "bench_speed" in c]
+    assert len(benches) == 1 and "--acceptance-dir" in benches[0]
+    assert "--drafter-nbr-false" not in benches[0] and "--compare-setting" not in benches[0]
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
