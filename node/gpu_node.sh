@@ -669,6 +669,9 @@ seed-shape-bench)
             # SEED_MOE_SHARED_TUNE_S=0 skips it. Into $LOGS, so server-logs.tgz carries it
             # (a DONE poll already returns 8 files, a call's most)
             if [ "${SEED_MOE_SHARED_TUNE_S:-40}" != 0 ]; then
+                # $LOGS is bench_speed's to fill; it does not exist yet here (2026-12-03,
+                # eighth session: the redirect failed and the report was lost)
+                mkdir -p "$LOGS"
                 rm -rf "$SEED/moe-configs-shared"
                 python3 -m sglang_ext_tools.tune_moe --model "$MLA/wide-target" \
                     --out "$SEED/moe-configs-shared" --json "$LOGS/tune-moe-shared.json" \

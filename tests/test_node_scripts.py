@@ -395,7 +395,7 @@ def test_a_tuned_moe_config_is_served_and_its_block_n_64_copy_written_beside_it(
     mla, logs, seed = tmp_path / "mla", tmp_path / "logs", tmp_path / "seed"
     (mla / "wide-target").mkdir(parents=True)
     (mla / "wide-target" / "config.json").write_text("{}")
-    logs.mkdir()
+    # no logs folder: the shared-stream tuner's report is written before bench_speed makes it
     (seed / "moe-configs-bn64").mkdir(parents=True)  # an earlier run's copy
     env = {"PATH": f"{fake}:/usr/bin:/bin", "OUT": str(tmp_path / "out"), "HOME": str(tmp_path),
            "SGLANG_EXT_LOG_DIR": str(logs), "SGLANG_EXT_MLA_DIR": str(mla),
@@ -412,6 +412,7 @@ def test_a_tuned_moe_config_is_served_and_its_block_n_64_copy_written_beside_it(
     shared = [c for c in lines if "tune_moe" in c and "--beside-shared" in c]
     assert len(shared) == 1 and "--tokens 4 5 6" in shared[0]
     assert f"--json {logs}/tune-moe-shared.json" in shared[0]
+    assert (logs / "tune-moe-shared.log").is_file()  # its redirect found the folder
     benches = [c for c in lines if "sglang_ext_tools.bench_speed" in c]
     assert benches and all(c.startswith(f"MOE={seed}/moe-configs ") for c in benches)
     matrix = [c for c in benches if "--acceptance-dir" in c]
