@@ -1,0 +1,207 @@
+"""A variant server against its plain twin, from one bench_speed run: what one switch (an
+environment variable, a server flag) changes at one setting, with the same drafter, prompts
+and group. Measured figures are read from the run's JSON, derived ones computed here:
+
+- ``whole`` and ``decode``: the variant's speed over the plain server's, per prompt on the same
+  prompts and rounds (each prompt's time averaged over the rounds both servers finished), over
+  whole requests and after each request's first token; the point is the ratio of the summed
+  times, the statistic the bootstrap interval resamples (bench_speed's ``vs_setting`` divides
+  median tok/s instead, so its point can sit outside its interval);
+- ``decode_cycle``: decode steps per verify cycle of each, tau x spec TPOT / no-spec TPOT;
+- ``across_runs``: the same setting's decode cycle in earlier runs' JSON beside this one, with
+  the fused-MoE block sizes each run's tuner picked (``tune_moe``'s report), so an effect that
+  moves between runs on one config shows as such;
+- ``predictions``: registered ranges for (plain - variant) decode cycles, held against the run.
+
+    python -m sglang_ext_tools.variant_result --bench B.json --tune-moe T.json \\
+        --earlier E1.json,T1.json E2.json,T2.json --predict bn64@5,1,6=0.10:0.24 --out OUT.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from sglang_ext_tools import bench_speed
+from sglang_ext_tools.stats import bootstrap_ratio_ci
+
+VERIFY_SIZES = ("4", "5", "6")
+HEADER = ("date", "gpu", "sglang_version", "torch_version", "attention_backend", "command")
+
+
+def _load(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"error: {path}: cannot read it as JSON ({e})") from None
+
+
+def _paired(plain: dict, variant: dict, key: str) -> dict[str, Any] | None:
+    """variant speed / plain speed = plain time / variant time, summed over paired prompts."""
+    a = bench_speed.per_prompt_times(plain.get(key, []))
+    b = bench_speed.per_prompt_times(variant.get(key, []))
+    pairs = [(x, y) for x, y in zip(a, b, strict=False) if x is not None and y is not None]
+    if not pairs:
+        return None
+    point = sum(x for x, _ in pairs) / sum(y for _, y in pairs)
+    return {
+        "ratio": round(point, 4),
+        "ratio_ci95": bootstrap_ratio_ci([x for x, _ in pairs], [y for _, y in pairs]),
+        "prompts": len(pairs),
+    }
+
+
+def _cycles(bench: dict) -> dict[str, float]:
+    """Each speculative server's decode cycle at batch 1 as the run's rows give it."""
+    return {
+        r["server"]: r["decode_cycle_cost"]
+        for r in bench.get("rows", [])
+        if r.get("batch") == 1 and r.get("decode_cycle_cost") is not None
+    }
+
+
+def block_sizes(report: dict | None) -> dict[str, dict[str, int]] | None:
+    """The tuner's pick at the verify sizes: {tokens: {BLOCK_SIZE_N, BLOCK_SIZE_K, ...}}."""
+    if not report:
+        return None
+    tokens = report.get("tokens") or {}
+    return {m: dict(tokens[m]["best"]) for m in VERIFY_SIZES if m in tokens and "best" in tokens[m]}
+
+
+def compare(bench: dict) -> list[dict[str, Any]]:
+    """Every variant row of the run against its plain twin (bench_speed's vs_setting_server)."""
+    agg = bench_speed.aggregate(bench.get("measurements", []))
+    cycles = _cycles(bench)
+    out = []
+    for row in bench.get("rows", []):
+        plain_name = row.get("vs_setting_server")
+        if row.get("batch") != 1 or not plain_name:
+            continue
+        plain_row = next((r for r in bench["rows"] if r.get("server") == plain_name), {})
+        plain, variant = bench_speed.common_rounds(
+            agg.get((plain_name, 1)), agg.get((row["server"], 1))
+        )
+        if not plain or not variant:
+            continue
+        c_plain, c_variant = cycles.get(plain_name), cycles.get(row["server"])
+        out.append(
+            {
+                "variant": row["server"],
+                "plain": plain_name,
+                "setting": [row["steps"], row["topk"], row["draft_tokens"]],
+                "rounds": sorted(plain["tok_s_rounds"]),
+                "tau": {"variant": row.get("tau"), "plain": plain_row.get("tau")},
+                "whole": _paired(plain, variant, "latency_rounds"),
+                "decode": _paired(plain, variant, "decode_rounds"),
+                "decode_cycle": {
+                    "variant": c_variant,
+                    "plain": c_plain,
+                    "plain_minus_variant": (
+                        round(c_plain - c_variant, 4)
+                        if c_plain is not None and c_variant is not None
+                        else None
+                    ),
+                },
+            }
+        )
+    return out
+
+
+def parse_prediction(text: str) -> tuple[str, float, float]:
+    """LABEL@S,K,D=LOW:HIGH -> (variant server name, low, high): a registered range for the
+    plain server's decode cycle less the variant's."""
+    try:
+        name, bounds = text.split("=", 1)
+        label, setting = name.split("@", 1)
+        low, high = (float(x) for x in bounds.split(":", 1))
+        server = f"spec-{setting.replace(',', '-')}-{label}"
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--predict {text!r}: expected LABEL@STEPS,TOPK,DRAFT=LOW:HIGH "
+            "(e.g. bn64@5,1,6=0.10:0.24)"
+        ) from None
+    return server, low, high
+
+
+def build(
+    bench: dict,
+    tune_report: dict | None,
+    earlier: list[tuple[str, dict, dict | None]],
+    predictions: list[tuple[str, float, float]],
+    paths: dict[str, Any],
+) -> dict[str, Any]:
+    variants = compare(bench)
+    by_name = {v["variant"]: v for v in variants}
+    checked = []
+    for server, low, high in predictions:
+        got = (by_name.get(server) or {}).get("decode_cycle", {}).get("plain_minus_variant")
+        checked.append(
+            {
+                "variant": server,
+                "plain_minus_variant_registered": [low, high],
+                "measured": got,
+                "met": None if got is None else low <= got <= high,
+            }
+        )
+    runs = [("this run", bench, tune_report), *earlier]
+    return {
+        **{k: bench.get(k) for k in HEADER},
+        "sources": paths,
+        "variants": variants,
+        "predictions": checked,
+        "across_runs": [
+            {"run": name, "decode_cycle": _cycles(b), "tuner_pick": block_sizes(t)}
+            for name, b, t in runs
+        ],
+    }
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--bench", type=Path, required=True, help="bench_speed result with variants")
+    p.add_argument("--tune-moe", type=Path, help="tune_moe's report for the run's servers")
+    p.add_argument(
+        "--earlier",
+        nargs="*",
+        default=[],
+        metavar="BENCH[,TUNE]",
+        help="earlier runs' bench_speed JSON, each with its tuner report after a comma",
+    )
+    p.add_argument("--predict", type=parse_prediction, action="append", default=[])
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args(argv)
+    if args.out.exists():
+        print(f"error: {args.out} exists; results are never overwritten", file=sys.stderr)
+        return 1
+    earlier = []
+    for item in args.earlier:
+        bench_path, _, tune_path = item.partition(",")
+        earlier.append(
+            (
+                Path(bench_path).name,
+                _load(Path(bench_path)),
+                _load(Path(tune_path)) if tune_path else None,
+            )
+        )
+    paths = {
+        "bench": args.bench.name,
+        **({"tune_moe": args.tune_moe.name} if args.tune_moe else {}),
+        "earlier": [" + ".join(Path(f).name for f in e.split(",")) for e in args.earlier],
+    }
+    result = build(
+        _load(args.bench),
+        _load(args.tune_moe) if args.tune_moe else None,
+        earlier,
+        args.predict,
+        paths,
+    )
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps({k: result[k] for k in ("variants", "predictions")}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
