@@ -45,6 +45,7 @@ import sglang_ext
 from sglang_ext.cli.bench import BenchError, RequestSpec, load_prompts, run_benchmark
 from sglang_ext.cli.bench_report import RequestResult
 from sglang_ext_tools import cpu_pinning
+from sglang_ext_tools.gpu_watch import GpuWatch
 from sglang_ext_tools.launch import DEFAULT_SPEC, STOCK_ENV, Server, start_all, stop_all
 from sglang_ext_tools.stats import bootstrap_ratio_ci
 from sglang_ext_tools.trace_breakdown import (
@@ -1257,6 +1258,9 @@ def gpu_info() -> dict[str, Any]:
                 "name": text(pynvml.nvmlDeviceGetName(h)),
                 "driver": text(pynvml.nvmlSystemGetDriverVersion()),
                 "memory_total_mib": pynvml.nvmlDeviceGetMemoryInfo(h).total // 2**20,
+                # which GPU of the fleet: each session's machine is a fresh one
+                "uuid": text(pynvml.nvmlDeviceGetUUID(h)),
+                "power_limit_w": pynvml.nvmlDeviceGetEnforcedPowerLimit(h) / 1000,
                 "clocks": {
                     "sm_mhz": clock(h, sm),
                     "sm_max_mhz": clock_max(h, sm),
@@ -1517,8 +1521,12 @@ def measure(server: Server, entry: Mapping[str, Any], prompts, args) -> dict[str
     m = {**entry, "status": "ok" if server.status == "ready" else server.status}
     if server.status == "ready":
         chosen = [prompts[i] for i in entry["prompts"]]
-        results, wall = _run(server, chosen, entry["concurrency"], args.max_new_tokens)
+        # the GPU's clock, power and throttle reasons while it ran (gpu_watch: the same
+        # configuration's cycle moved 10 % between sessions on 2026-12-03)
+        with GpuWatch() as watch:
+            results, wall = _run(server, chosen, entry["concurrency"], args.max_new_tokens)
         m.update(summarize_measurement(results, wall))
+        m["gpu_watch"] = watch.summary()
         print(
             f"round {entry['round']} {entry['server']} b={entry['batch']}: "
             f"{m['tok_s']} tok/s tau={m['tau']} errors={m['errors']}",
