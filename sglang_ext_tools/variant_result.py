@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,15 @@ from sglang_ext_tools import bench_speed
 from sglang_ext_tools.stats import bootstrap_ratio_ci
 
 VERIFY_SIZES = ("4", "5", "6")
-HEADER = ("date", "gpu", "sglang_version", "torch_version", "attention_backend", "command")
+HEADER = (
+    "date",
+    "gpu",
+    "gpu_info",
+    "sglang_version",
+    "torch_version",
+    "attention_backend",
+    "command",
+)
 
 
 def _load(path: Path) -> dict:
@@ -60,6 +69,29 @@ def _cycles(bench: dict) -> dict[str, float]:
         r["server"]: r["decode_cycle_cost"]
         for r in bench.get("rows", [])
         if r.get("batch") == 1 and r.get("decode_cycle_cost") is not None
+    }
+
+
+def gpu_while_measured(bench: dict, server: str) -> dict[str, Any] | None:
+    """A server's measurements' ``gpu_watch`` summaries (bench_speed since 2026-12-03's
+    eighth session) pooled: the median of their median SM clocks, the lowest clock seen,
+    every clock-event reason; None for a run recorded before them."""
+    watched = [
+        m["gpu_watch"]
+        for m in bench.get("measurements", [])
+        if m.get("server") == server and m.get("batch") == 1 and m.get("gpu_watch")
+    ]
+    medians = [w["sm_mhz_median"] for w in watched if w.get("sm_mhz_median") is not None]
+    lows = [w["sm_mhz_min"] for w in watched if w.get("sm_mhz_min") is not None]
+    if not medians:
+        return None
+    return {
+        "measurements": len(watched),
+        "sm_mhz_median": statistics.median(medians),
+        "sm_mhz_min": min(lows) if lows else None,
+        "clock_event_reasons": sorted(
+            {r for w in watched for r in w.get("clock_event_reasons", [])}
+        ),
     }
 
 
@@ -96,6 +128,10 @@ def compare(bench: dict) -> list[dict[str, Any]]:
                 "tau": {"variant": row.get("tau"), "plain": plain_row.get("tau")},
                 "whole": _paired(plain, variant, "latency_rounds"),
                 "decode": _paired(plain, variant, "decode_rounds"),
+                "gpu_while_measured": {
+                    "variant": gpu_while_measured(bench, row["server"]),
+                    "plain": gpu_while_measured(bench, plain_name),
+                },
                 "decode_cycle": {
                     "variant": c_variant,
                     "plain": c_plain,

@@ -74,6 +74,23 @@ def test_only_the_rounds_both_servers_finished_are_compared():
     assert got["rounds"] == [0, 1] and got["decode"]["ratio"] == pytest.approx(1.0)
 
 
+def test_the_gpu_while_measured_is_pooled_per_server():
+    bench = _bench(1.0)
+    for m in bench["measurements"]:
+        slow = m["server"] == "spec-5-1-6-bn64" and m["round"] == 1
+        m["gpu_watch"] = {"samples": 9, "sm_mhz_median": 1500 if slow else 1980,
+                          "sm_mhz_min": 1400 if slow else 1950,
+                          "clock_event_reasons": ["sw_power_cap"] if slow else []}  # fmt: skip
+    (got,) = vr.compare(bench)
+    assert got["gpu_while_measured"]["plain"] == {
+        "measurements": 2, "sm_mhz_median": 1980, "sm_mhz_min": 1950, "clock_event_reasons": []
+    }  # fmt: skip
+    variant = got["gpu_while_measured"]["variant"]
+    assert variant["sm_mhz_min"] == 1400 and variant["clock_event_reasons"] == ["sw_power_cap"]
+    # a run from before gpu_watch: nothing to pool
+    assert vr.compare(_bench(1.0))[0]["gpu_while_measured"]["plain"] is None
+
+
 def test_a_prediction_is_held_against_the_cycle_difference():
     result = vr.build(_bench(0.9), None, [], [vr.parse_prediction("bn64@5,1,6=0.10:0.24")], {})
     (check,) = result["predictions"]
