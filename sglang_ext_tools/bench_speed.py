@@ -60,7 +60,12 @@ from sglang_ext_tools.trace_breakdown import (
 )
 from sglang_ext_tools.trace_host import host_breakdown
 
-SCHEMA_VERSION = 1
+# 2 (2026-12-03): at batch 1 every paired figure's point (speedup, plugin_vs_stock, its
+# second pair, vs_setting, decode_speedup) is the paired prompts' summed-time ratio, the
+# statistic its bootstrap interval resamples (paired_point); schema 1 divided medians of
+# tok/s, which with three rounds fell outside its own interval. rebuild() keeps a file's own
+SCHEMA_VERSION = 2
+PAIRED_POINT_SINCE = 2
 MAIN = "speculators (plugin)"
 NBR_PLUGIN = "nbr_false (plugin)"
 NBR_STOCK = "nbr_false converted (stock SGLang)"
@@ -544,15 +549,49 @@ def decode_cycle(tau: float | None, run: Mapping[str, Any], base: Mapping[str, A
     return tau * spec / nospec
 
 
-def decode_speedup(base: Mapping[str, Any], run: Mapping[str, Any], batch: int):
-    """(speedup, interval) after the first token, batch 1: no-spec TPOT / spec TPOT, and the
-    interval of each prompt's time after its first token, paired (None: no TTFTs)."""
+def decode_speedup(
+    base: Mapping[str, Any], run: Mapping[str, Any], batch: int, paired: bool = True
+):
+    """(speedup, interval) after the first token, batch 1, and the interval of each prompt's
+    time after its first token, paired (None: no TTFTs). The point: those times summed
+    (``paired``, schema 2), or no-spec TPOT / spec TPOT (schema 1)."""
     point = _ratio(base.get("tpot_ms"), run.get("tpot_ms"))
     if batch != 1 or point is None:
         return None, None
     nospec = per_prompt_times(base.get("decode_rounds", []))
     spec = per_prompt_times(run.get("decode_rounds", []))
-    return point, bootstrap_ratio_ci(nospec, spec)
+    summed = paired_point(nospec, spec) if paired else None
+    return summed if summed is not None else point, bootstrap_ratio_ci(nospec, spec)
+
+
+def paired_point(
+    numerator: Sequence[float | None], denominator: Sequence[float | None]
+) -> float | None:
+    """sum(numerator) / sum(denominator) over the prompts both have: the point of the
+    interval ``bootstrap_ratio_ci`` draws (2026-12-03: a ratio of median tok/s read 0.984
+    against its interval 0.988-1.021)."""
+    pairs = [(a, b) for a, b in zip(numerator, denominator, strict=False)
+             if a is not None and b is not None]  # fmt: skip
+    if not pairs or not sum(b for _, b in pairs):
+        return None
+    return sum(a for a, _ in pairs) / sum(b for _, b in pairs)
+
+
+def speed_ratio(
+    fast: Mapping[str, Any] | None, slow: Mapping[str, Any] | None, batch: int, paired: bool
+) -> float | None:
+    """fast's speed over slow's: at batch 1 under ``paired`` their prompts' times paired and
+    summed (the statistic of the interval beside it), else the ratio of median tok/s."""
+    if not fast or not slow:
+        return None
+    if paired and batch == 1:
+        summed = paired_point(
+            per_prompt_times(slow.get("latency_rounds", [])),
+            per_prompt_times(fast.get("latency_rounds", [])),
+        )
+        if summed is not None:
+            return summed
+    return _ratio(fast["tok_s"], slow["tok_s"])
 
 
 def per_prompt_times(latency_rounds: Sequence[Sequence[float | None]]) -> list[float | None]:
@@ -602,10 +641,13 @@ def build_rows(
     statuses: Mapping[str, str] | None = None,
     backend: str | None = None,
     server_args: Sequence[str] = (),
+    schema_version: int = SCHEMA_VERSION,
 ) -> list[dict[str, Any]]:
     """One row per (speculative server, batch) against the baseline. ``server_args``: the
     flags every server got (a row's ``overlap`` is false where they or its own turn SGLang's
-    overlap scheduler off)."""
+    overlap scheduler off). ``schema_version``: which point a paired figure has
+    (SCHEMA_VERSION's note)."""
+    paired = schema_version >= PAIRED_POINT_SINCE
     statuses = statuses or {}
     nbr = {s["role"]: s for s in specs if s["role"] in ("nbr_plugin", "nbr_stock")}
     twin = next((s["name"] for s in specs if s["role"] == "nbr_stock_twin"), None)
@@ -623,8 +665,8 @@ def build_rows(
         """Two servers' entries at batch b on the rounds both finished (common_rounds)."""
         return common_rounds(*(agg.get((name, b)) if name else None for name in (first, second)))
 
-    def ratio(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> float | None:
-        return _ratio(a["tok_s"], b["tok_s"]) if a and b else None
+    def ratio(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None, batch: int):
+        return speed_ratio(a, b, batch, paired)
 
     # a variant against the main drafter's server at its setting (same drafter, prompts and
     # group): what the variant's switch alone changes, paired by prompt
@@ -644,22 +686,22 @@ def build_rows(
         for b in batches:
             # every comparison on the rounds both of its servers finished (common_rounds)
             run, base = pair(spec["name"], "nospec", b)
-            speedup = ratio(run, base)
+            speedup = ratio(run, base, b)
             tau = run["tau"] if run else None
             eta = _ratio(speedup, tau)
             plugin, stock = pair(*pvs_pair, b) if pvs_pair else (None, None)
-            pvs = ratio(plugin, stock)
+            pvs = ratio(plugin, stock, b)
             pvs_ci = speedup_interval(stock, plugin, b)[0] if plugin and stock else None
             # the same after each request's first token (TPOT; prompts' decode times paired)
             pvs_decode, pvs_decode_ci = (
-                decode_speedup(stock, plugin, b) if plugin and stock else (None, None)
+                decode_speedup(stock, plugin, b, paired) if plugin and stock else (None, None)
             )
             # the same comparison between two stock servers of one configuration
             second, stock2 = pair(twin, pvs_pair[1], b) if pvs_pair and twin else (None, None)
-            svs = ratio(second, stock2)
+            svs = ratio(second, stock2, b)
             svs_ci = speedup_interval(stock2, second, b)[0] if second and stock2 else None
             variant, plain_run = pair(spec["name"], plain, b) if plain else (None, None)
-            vs_plain = ratio(variant, plain_run)
+            vs_plain = ratio(variant, plain_run, b)
             vs_plain_ci = (
                 speedup_interval(plain_run, variant, b)[0] if plain_run and variant else None
             )
@@ -683,7 +725,9 @@ def build_rows(
             )
             run, base = run or {}, base or {}
             ci, method = speedup_interval(base, run, b) if run and base else (None, None)
-            decode, decode_ci = decode_speedup(base, run, b) if run and base else (None, None)
+            decode, decode_ci = (
+                decode_speedup(base, run, b, paired) if run and base else (None, None)
+            )
             rows.append(
                 {
                     "backend": backend,
@@ -749,6 +793,7 @@ def pooled_pairs(
     agg: Mapping[tuple[str, int], Mapping[str, Any]],
     pairs: Sequence[tuple[str, str]],
     batch: int,
+    schema_version: int = SCHEMA_VERSION,
 ) -> dict[str, Any] | None:
     """Two plugin/stock pairs of one configuration (--second-pair): the second pair's ratio,
     and both pooled. Batch 1: the stock servers' summed prompt times over the plugin servers',
@@ -769,7 +814,9 @@ def pooled_pairs(
         point = (plugin_a["tok_s"] + plugin_b["tok_s"]) / (stock_a["tok_s"] + stock_b["tok_s"])
         ci = None
     return {
-        "plugin_vs_stock_b": _r(plugin_b["tok_s"] / stock_b["tok_s"]),
+        "plugin_vs_stock_b": _r(
+            speed_ratio(plugin_b, stock_b, batch, schema_version >= PAIRED_POINT_SINCE)
+        ),
         "plugin_vs_stock_b_ci95": speedup_interval(stock_b, plugin_b, batch)[0],
         "plugin_vs_stock_pooled": _r(point),
         "plugin_vs_stock_pooled_ci95": ci,
@@ -796,6 +843,7 @@ def pool_second_pair(
     measurements: Sequence[Mapping[str, Any]],
     compare: Setting | None,
     batches: Sequence[int],
+    schema_version: int = SCHEMA_VERSION,
 ) -> None:
     """--second-pair: each row at the compare setting gets the second pair's ratio and both
     pairs pooled (each pair measured in its own group, so each server's figures are its own
@@ -806,7 +854,7 @@ def pool_second_pair(
         return
     agg = aggregate(measurements)  # server names are unique across groups (nospec aside)
     for b in batches:
-        pooled = pooled_pairs(agg, [(names[0], names[1]), (names[2], names[3])], b)
+        pooled = pooled_pairs(agg, [(names[0], names[1]), (names[2], names[3])], b, schema_version)
         if pooled is None:
             continue  # a server of the two pairs did not measure at this batch
         for row in rows:
@@ -1021,9 +1069,11 @@ def build_result(
     compare: Setting | None,
     fixtures: Mapping[str, Any] | None = None,
     groups: Sequence[Sequence[str]] | None = None,
+    schema_version: int = SCHEMA_VERSION,
 ) -> dict[str, Any]:
     """The result JSON from run metadata, server records and raw measurements (measured in
-    ``groups``, see plan_groups; None: all servers together)."""
+    ``groups``, see plan_groups; None: all servers together); ``schema_version``: a rebuilt
+    run's own (its paired figures' points, SCHEMA_VERSION's note)."""
     statuses = {s["name"]: s["status"] for s in servers}
     groups = groups or [[spec["name"] for spec in specs]]
     rows = []
@@ -1036,12 +1086,13 @@ def build_result(
             statuses,
             meta.get("attention_backend"),
             meta.get("server_extra_args") or (),
+            schema_version,
         )
         rows += group_rows if len(groups) == 1 else [{**r, "group": g} for r in group_rows]
-    pool_second_pair(rows, specs, measurements, compare, meta["batches"])
+    pool_second_pair(rows, specs, measurements, compare, meta["batches"], schema_version)
     best, goals = best_and_goals(rows, compare)
     return {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": schema_version,
         **meta,
         "groups": [list(names) for names in groups],
         "compare_setting": list(compare) if compare else None,
@@ -1093,7 +1144,8 @@ def merge_results(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         all(per_backend[b]["pass"] for b in backends) if set(backends) <= set(per_backend) else None
     )
     return {
-        "schema_version": SCHEMA_VERSION,
+        # the rows are the runs' own: their points are as old as the oldest run's
+        "schema_version": min(res.get("schema_version", 1) for res in results),
         "merged": True,
         "backends": [res.get("attention_backend") for res in results],
         "batches": sorted({b for res in results for b in res["batches"]}),
@@ -1624,6 +1676,7 @@ def rebuild(result: Mapping[str, Any], source: str) -> dict[str, Any]:
         compare,
         result.get("fixtures"),
         result.get("groups"),
+        result.get("schema_version", 1),
     )
     out["specs"] = specs
     if result.get("profiles"):

@@ -41,8 +41,10 @@ def paired_ratio(bench: dict, a: dict | None, b: dict | None) -> dict[str, Any] 
     if not fast or not slow:
         return None
     ci, method = bench_speed.speedup_interval(slow, fast, 1)
+    # the point as the run's schema has it (bench_speed.SCHEMA_VERSION's note)
+    paired = bench.get("schema_version", 1) >= bench_speed.PAIRED_POINT_SINCE
     return {
-        "ratio": round(fast["tok_s"] / slow["tok_s"], 4),
+        "ratio": round(bench_speed.speed_ratio(fast, slow, 1, paired), 4),
         "ratio_ci95": ci,
         "method": method,
         "servers": [a["server"], b["server"]],

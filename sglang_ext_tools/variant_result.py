@@ -5,8 +5,8 @@ and group. Measured figures are read from the run's JSON, derived ones computed 
 - ``whole`` and ``decode``: the variant's speed over the plain server's, per prompt on the same
   prompts and rounds (each prompt's time averaged over the rounds both servers finished), over
   whole requests and after each request's first token; the point is the ratio of the summed
-  times, the statistic the bootstrap interval resamples (bench_speed's ``vs_setting`` divides
-  median tok/s instead, so its point can sit outside its interval);
+  times, the statistic the bootstrap interval resamples (``bench_speed.paired_point``; the
+  ``vs_setting`` of a schema-1 bench file divided median tok/s and could sit outside it);
 - ``decode_cycle``: decode steps per verify cycle of each, tau x spec TPOT / no-spec TPOT;
 - ``across_runs``: the same setting's decode cycle in earlier runs' JSON beside this one, with
   the fused-MoE block sizes each run's tuner picked (``tune_moe``'s report), so an effect that
@@ -52,14 +52,13 @@ def _paired(plain: dict, variant: dict, key: str) -> dict[str, Any] | None:
     """variant speed / plain speed = plain time / variant time, summed over paired prompts."""
     a = bench_speed.per_prompt_times(plain.get(key, []))
     b = bench_speed.per_prompt_times(variant.get(key, []))
-    pairs = [(x, y) for x, y in zip(a, b, strict=False) if x is not None and y is not None]
-    if not pairs:
+    point = bench_speed.paired_point(a, b)
+    if point is None:
         return None
-    point = sum(x for x, _ in pairs) / sum(y for _, y in pairs)
     return {
         "ratio": round(point, 4),
-        "ratio_ci95": bootstrap_ratio_ci([x for x, _ in pairs], [y for _, y in pairs]),
-        "prompts": len(pairs),
+        "ratio_ci95": bootstrap_ratio_ci(a, b),
+        "prompts": sum(1 for x, y in zip(a, b, strict=False) if None not in (x, y)),
     }
 
 

@@ -207,10 +207,13 @@ def test_rows_speedup_eta_plugin_vs_stock_best_and_goals():
     assert r["nospec_ttft_ms"] == 150.0 and r["spec_ttft_ms"] == 161.0  # medians over rounds
     assert r["decode_cycle_cost"] == pytest.approx(tau * 5.0 / 10.0, abs=1e-4)
     assert _row(rows, bs.MAIN, (5, 1, 6), 1)["decode_cycle_cost"] is None  # no spec TPOT
-    # after the first token: TPOT ratio, and the paired interval of the prompts' decode times
-    assert r["decode_speedup"] == 2.0
+    # after the first token: the prompts' decode times paired and summed (schema 2), the
+    # statistic of its interval; the TPOT ratio (2.0) was schema 1's point
+    assert r["decode_speedup"] == pytest.approx(4.7 / 2.36, abs=1e-4)
     low, high = r["decode_speedup_ci95"]
-    assert low <= 4.7 / 2.36 <= high and high - low < 0.2
+    assert low <= r["decode_speedup"] <= high and high - low < 0.2
+    old = bs.build_rows(bs.aggregate(_measurements()), SPECS, [1], STATUSES, schema_version=1)
+    assert _row(old, bs.MAIN, (3, 1, 4), 1)["decode_speedup"] == 2.0
     assert _row(rows, bs.MAIN, (5, 1, 6), 1)["decode_speedup"] is None
     assert [x["speedup"] for x in r["rounds"]] == [2.5, pytest.approx(2.6667, abs=1e-4),
                                                    pytest.approx(2.3077, abs=1e-4)]
@@ -721,10 +724,19 @@ def test_committed_speed_results_are_self_consistent(path):
         if row.get("status", "ok") != "ok":  # a server that never measured (a run cut short)
             assert row["speedup"] is None and row["spec_tok_s"] is None and row["tau"] is None
             continue
-        assert row["speedup"] == pytest.approx(row["spec_tok_s"] / row["nospec_tok_s"], rel=1e-3)
         assert row["eta"] == pytest.approx(row["speedup"] / row["tau"], rel=1e-3)
         again = recomputed(row.get("group", 0))
         whole = again[(row["server"], row["batch"])], again[("nospec", row["batch"])]
+        if data.get("schema_version", 1) >= bs.PAIRED_POINT_SINCE and row["batch"] == 1:
+            # the prompts' times paired and summed, inside its own interval
+            point = bs.speed_ratio(*bs.common_rounds(*whole), 1, True)
+            assert row["speedup"] == pytest.approx(point, rel=1e-3)
+            low, high = row["speedup_ci95"]
+            assert low <= row["speedup"] <= high
+        else:
+            assert row["speedup"] == pytest.approx(
+                row["spec_tok_s"] / row["nospec_tok_s"], rel=1e-3
+            )
         # on the rounds both finished (common_rounds); a run's own file written on the node
         # before that (no `rebuilt`) took every round each server finished
         ways = [bs.common_rounds(*whole)] + ([whole] if not data.get("rebuilt") else [])
@@ -890,7 +902,10 @@ def test_noise_measures_the_no_speculation_server_again_without_a_second_server(
            ("nospec-again", 1): {"tok_s": 101.0, "tok_s_rounds": {0: 101.0},
                                  "latency_rounds": [[1.0, 1.0, 1.0]], "tau": None}}
     [noise] = [r for r in bs.build_rows(agg, specs, [1]) if r["drafter"] == bs.NOISE]
-    assert noise["speedup"] == 1.01 and noise["steps"] is None and noise["speedup_ci95"]
+    # the prompts' times paired and summed (3.0 against 3.0), not tok/s (101 / 100)
+    assert noise["speedup"] == 1.0 and noise["steps"] is None
+    low, high = noise["speedup_ci95"]
+    assert low <= noise["speedup"] <= high
 
 
 def test_merge_puts_backends_side_by_side_and_never_overwrites(tmp_path):
@@ -990,11 +1005,11 @@ def test_no_overlap_server_runs_its_setting_with_the_overlap_scheduler_off(promp
     # the variant against the plain server at its setting; the plain row has no such key
     assert "vs_setting" not in rows[0]
     assert rows[1]["vs_setting_server"] == "spec-3-1-4"
-    assert rows[1]["vs_setting"] == pytest.approx(
-        rows[1]["spec_tok_s"] / rows[0]["spec_tok_s"], abs=1e-4
-    )
+    plain = [1.0 + 0.1 * i for i in range(8)]
+    variant = [t / f for t, f in zip(plain, slower, strict=True)]
+    assert rows[1]["vs_setting"] == pytest.approx(sum(plain) / sum(variant), abs=1e-4)
     low, high = rows[1]["vs_setting_ci95"]
-    assert 0.8 <= low < high <= 0.9
+    assert 0.8 <= low <= rows[1]["vs_setting"] <= high <= 0.9
     everywhere = bs.build_rows(bs.aggregate(ms), args.specs[:2], [1], server_args=[bs.NO_OVERLAP])
     assert [r["overlap"] for r in everywhere] == [False]
     best, _ = bs.best_and_goals(rows, None)
