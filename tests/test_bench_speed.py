@@ -1311,3 +1311,37 @@ def test_a_variant_joins_several_switches_with_plus():
     for bad in ("host:A=1+A=2", "host:A=1+", "host:A=1+--=x"):
         with pytest.raises(argparse.ArgumentTypeError, match="joined by \\+"):
             bs.parse_variant(bad)
+
+
+def test_the_next_registered_seed_shape_run_plans_twins_and_the_prefill_graph_variant(
+    prompts_file,
+):
+    """README's next #24 run (registered 2026-12-03, eighth session): seed-shape-bench's own
+    flags, then the run's. Each twin (`b`, an environment variable nothing reads) measures in
+    its plain server's group, and the prefill-graph variant's flags come after the bench's
+    `--cuda-graph-backend-prefill disabled`, so SGLang's parser keeps the variant's."""
+    argv = [
+        "--target", "T", "--drafter", "D", "--prompts", str(prompts_file),
+        "--settings", "3,1,4", "5,1,6", "3,4,5", "--attention-backend", "fa3",
+        "--max-new-tokens", "128", "--batch1-requests", "16", "--at-once", "4",
+        "--mem-fraction", "0.9", "--max-total-tokens", "16384", "--batches", "1",
+        "--rounds", "2",
+        "--settings", "3,1,4", "5,1,6", "--rounds", "3",
+        "--variant", "b@3,1,4:SGLANG_EXT_INSTANCE=b",
+        "--variant", "b@5,1,6:SGLANG_EXT_INSTANCE=b",
+        "--variant",
+        "pg@5,1,6:--cuda-graph-backend-prefill=breakable+--cuda-graph-max-bs-prefill=512",
+    ]  # fmt: skip
+    args = bs.parse_args(argv)
+    assert args.rounds == 3
+    assert bs.plan_groups(args.specs, args.at_once) == [
+        ["nospec", "spec-3-1-4", "spec-3-1-4-b"],
+        ["nospec", "spec-5-1-6", "spec-5-1-6-b", "spec-5-1-6-pg"],
+    ]
+    servers = {s.name: s for s in bs.make_servers(args.specs, args)}
+    assert servers["spec-5-1-6-b"].env == {"SGLANG_EXT_INSTANCE": "b"}
+    command = servers["spec-5-1-6-pg"].command()
+    flag = "--cuda-graph-backend-prefill"
+    last = max(i for i, c in enumerate(command) if c == flag)
+    assert command[last + 1] == "breakable" and command.count(flag) == 2
+    assert command[command.index("--cuda-graph-max-bs-prefill") + 1] == "512"
