@@ -47,7 +47,7 @@ from sglang_ext.cli.bench_report import RequestResult
 from sglang_ext_tools import cpu_pinning
 from sglang_ext_tools.gpu_watch import GpuWatch
 from sglang_ext_tools.launch import DEFAULT_SPEC, STOCK_ENV, Server, start_all, stop_all
-from sglang_ext_tools.stats import bootstrap_ratio_ci
+from sglang_ext_tools.stats import bootstrap_ratio_ci, ratio_of_sums
 from sglang_ext_tools.trace_breakdown import (
     breakdown,
     group_kernels,
@@ -62,8 +62,9 @@ from sglang_ext_tools.trace_host import host_breakdown
 
 # 2 (2026-12-03): at batch 1 every paired figure's point (speedup, plugin_vs_stock, its
 # second pair, vs_setting, decode_speedup) is the paired prompts' summed-time ratio, the
-# statistic its bootstrap interval resamples (paired_point); schema 1 divided medians of
-# tok/s, which with three rounds fell outside its own interval. rebuild() keeps a file's own
+# statistic its bootstrap interval resamples (stats.ratio_of_sums); schema 1 divided medians
+# of tok/s, which with three rounds fell outside its own interval. rebuild() derives a file's
+# figures by the file's own schema
 SCHEMA_VERSION = 2
 PAIRED_POINT_SINCE = 2
 MAIN = "speculators (plugin)"
@@ -560,32 +561,20 @@ def decode_speedup(
         return None, None
     nospec = per_prompt_times(base.get("decode_rounds", []))
     spec = per_prompt_times(run.get("decode_rounds", []))
-    summed = paired_point(nospec, spec) if paired else None
+    summed = ratio_of_sums(nospec, spec) if paired else None
     return summed if summed is not None else point, bootstrap_ratio_ci(nospec, spec)
-
-
-def paired_point(
-    numerator: Sequence[float | None], denominator: Sequence[float | None]
-) -> float | None:
-    """sum(numerator) / sum(denominator) over the prompts both have: the point of the
-    interval ``bootstrap_ratio_ci`` draws (2026-12-03: a ratio of median tok/s read 0.984
-    against its interval 0.988-1.021)."""
-    pairs = [(a, b) for a, b in zip(numerator, denominator, strict=False)
-             if a is not None and b is not None]  # fmt: skip
-    if not pairs or not sum(b for _, b in pairs):
-        return None
-    return sum(a for a, _ in pairs) / sum(b for _, b in pairs)
 
 
 def speed_ratio(
     fast: Mapping[str, Any] | None, slow: Mapping[str, Any] | None, batch: int, paired: bool
 ) -> float | None:
     """fast's speed over slow's: at batch 1 under ``paired`` their prompts' times paired and
-    summed (the statistic of the interval beside it), else the ratio of median tok/s."""
+    summed (the statistic of the interval beside it; 2026-12-03: a ratio of median tok/s read
+    0.984 against its interval 0.988-1.021), else the ratio of median tok/s."""
     if not fast or not slow:
         return None
     if paired and batch == 1:
-        summed = paired_point(
+        summed = ratio_of_sums(
             per_prompt_times(slow.get("latency_rounds", [])),
             per_prompt_times(fast.get("latency_rounds", [])),
         )
@@ -808,8 +797,9 @@ def pooled_pairs(
     # batch 1: each prompt's (stock a + stock b, plugin a + plugin b) times
     kept = four_server_times((stock_a, stock_b), (plugin_a, plugin_b)) if batch == 1 else []
     if kept:
-        point = sum(s for s, _ in kept) / sum(p for _, p in kept)
-        ci = bootstrap_ratio_ci(*zip(*kept, strict=True))
+        stock_times, plugin_times = zip(*kept, strict=True)
+        point = ratio_of_sums(stock_times, plugin_times)
+        ci = bootstrap_ratio_ci(stock_times, plugin_times)
     else:
         point = (plugin_a["tok_s"] + plugin_b["tok_s"]) / (stock_a["tok_s"] + stock_b["tok_s"])
         ci = None

@@ -22,19 +22,41 @@ def bootstrap_ci(
     return [round(lo, 4), round(hi, 4)]
 
 
-def bootstrap_ratio_ci(
-    numerator: Sequence[float], denominator: Sequence[float], draws: int = 4000, seed: int = 0
-) -> list[float] | None:
-    """95 % interval of sum(numerator) / sum(denominator), resampling the pairs. With equal
-    token counts per prompt (ignore_eos), nospec time / spec time is the speedup."""
-    pairs = [
+def paired_values(
+    numerator: Sequence[float | None], denominator: Sequence[float | None]
+) -> list[tuple[float, float]]:
+    """The (numerator, denominator) pairs where both are present (None: a failed prompt)."""
+    return [
         (a, b)
         for a, b in zip(numerator, denominator, strict=False)
         if a is not None and b is not None
     ]
-    return bootstrap_ci(
-        pairs, lambda picks: sum(a for a, _ in picks) / sum(b for _, b in picks), draws, seed
-    )
+
+
+def _sum_ratio(pairs: Sequence[tuple[float, float]]) -> float:
+    return sum(a for a, _ in pairs) / sum(b for _, b in pairs)
+
+
+def ratio_of_sums(
+    numerator: Sequence[float | None], denominator: Sequence[float | None]
+) -> float | None:
+    """sum(numerator) / sum(denominator) over the pairs both have: the point of the interval
+    ``bootstrap_ratio_ci`` draws (None without pairs)."""
+    pairs = paired_values(numerator, denominator)
+    if not pairs or not sum(b for _, b in pairs):
+        return None
+    return _sum_ratio(pairs)
+
+
+def bootstrap_ratio_ci(
+    numerator: Sequence[float | None],
+    denominator: Sequence[float | None],
+    draws: int = 4000,
+    seed: int = 0,
+) -> list[float] | None:
+    """95 % interval of sum(numerator) / sum(denominator), resampling the pairs. With equal
+    token counts per prompt (ignore_eos), nospec time / spec time is the speedup."""
+    return bootstrap_ci(paired_values(numerator, denominator), _sum_ratio, draws, seed)
 
 
 def speedup_agreement(

@@ -5,7 +5,7 @@ and group. Measured figures are read from the run's JSON, derived ones computed 
 - ``whole`` and ``decode``: the variant's speed over the plain server's, per prompt on the same
   prompts and rounds (each prompt's time averaged over the rounds both servers finished), over
   whole requests and after each request's first token; the point is the ratio of the summed
-  times, the statistic the bootstrap interval resamples (``bench_speed.paired_point``; the
+  times, the statistic the bootstrap interval resamples (``stats.ratio_of_sums``; the
   ``vs_setting`` of a schema-1 bench file divided median tok/s and could sit outside it);
 - ``decode_cycle``: decode steps per verify cycle of each, tau x spec TPOT / no-spec TPOT;
 - ``across_runs``: the same setting's decode cycle in earlier runs' JSON beside this one, with
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from sglang_ext_tools import bench_speed
-from sglang_ext_tools.stats import bootstrap_ratio_ci
+from sglang_ext_tools.stats import bootstrap_ratio_ci, paired_values, ratio_of_sums
 
 VERIFY_SIZES = ("4", "5", "6")
 HEADER = (
@@ -52,13 +52,13 @@ def _paired(plain: dict, variant: dict, key: str) -> dict[str, Any] | None:
     """variant speed / plain speed = plain time / variant time, summed over paired prompts."""
     a = bench_speed.per_prompt_times(plain.get(key, []))
     b = bench_speed.per_prompt_times(variant.get(key, []))
-    point = bench_speed.paired_point(a, b)
+    point = ratio_of_sums(a, b)
     if point is None:
         return None
     return {
         "ratio": round(point, 4),
         "ratio_ci95": bootstrap_ratio_ci(a, b),
-        "prompts": sum(1 for x, y in zip(a, b, strict=False) if None not in (x, y)),
+        "prompts": len(paired_values(a, b)),
     }
 
 
