@@ -658,8 +658,9 @@ seed-shape-bench)
             # the same file with block N 64 at the verify sizes, for a variant server
             # (--variant bn64@5,1,6:SGLANG_MOE_CONFIG_DIR=$SEED/moe-configs-bn64). 2026-12-03:
             # 5/1/6's cycle was 0.17 decode steps cheaper on the run whose tuner picked 64 at 6
-            # tokens than on the one whose tuner picked 32, at equal tuner times; the tuner
-            # times fused_experts without the shared experts' stream (moe_config_alias)
+            # tokens than on the one whose tuner picked 32, at equal tuner times; served side
+            # by side in the sixth run, 64 was 1.5 % slower after the first token: the gap
+            # was between sessions (moe_config_alias)
             python3 -m sglang_ext_tools.moe_config_alias --from "$SEED/moe-configs" \
                 --out "$SEED/moe-configs-bn64" --set 4,5,6:BLOCK_SIZE_N=64 \
                 >>"$OUT/tune-moe.log" 2>&1 || true

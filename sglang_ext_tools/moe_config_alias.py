@@ -18,7 +18,8 @@ alike, so that copy served what the plain file did; and 5/1/6's cycle came out 0
 steps dearer than with the run before's block N 64 at 6 tokens, at the same kernel time in
 the tuner (which times ``fused_experts`` alone, without the shared experts' kernels that the
 server runs beside it on a second stream). ``--set`` pins the field instead of borrowing an
-entry, whatever the tuner picked:
+entry, whatever the tuner picked (served beside the tuner's block N 32 in the sixth run, block
+N 64 at 4-6 tokens was 1.5 % slower after the first token):
 
     python -m sglang_ext_tools.moe_config_alias --from /tmp/seed/moe-configs \\
         --out /tmp/seed/moe-configs-bn64 --set 4,5,6:BLOCK_SIZE_N=64

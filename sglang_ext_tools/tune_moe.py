@@ -28,8 +28,10 @@ current stream and the shared experts' MLP on a second stream issued after it, f
 joined inside the graph (SGLang 0.5.23's ``deepseek_v2.py:DeepseekV2MoE.
 forward_normal_dual_stream``). Alone, the kernel was timed equal at block N 32 and 64 for 6
 tokens (89.5 and 90.6 us) on 2026-12-03, while the served 5/1/6 cycle was 0.17 decode steps
-cheaper with 64: the shared expert's small kernels wait for SMs the routed kernel's CTAs
-hold, and fewer CTAs free them sooner. Each count's timings of every candidate are in the
+cheaper in the run that served 64. The guess was that the shared expert's small kernels wait
+for SMs the routed kernel's CTAs hold; served side by side in one group later that day
+(the sixth seed-shape run), block N 64 was 1.5 % slower after the first token, so the gap
+was between sessions, not configs. Each count's timings of every candidate are in the
 report (``timed``), so the two modes can be set side by side.
 """
 
