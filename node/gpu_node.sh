@@ -93,6 +93,12 @@
 #                                              stage s2 ...; stage sN && install
 #   bash node/gpu_node.sh dummy-profile-wait [SECS]
 #                                              watch; results, traces, server logs -> $OUT
+#   bash node/gpu_node.sh dummy-bench-start [bench args]
+#                                              bench_speed on the dummy 8B shape with the plugin
+#                                              loaded (tau ~ 1: a cycle's cost is 1 / speedup),
+#                                              detached; after one-install (no training)
+#   bash node/gpu_node.sh dummy-bench-wait [SECS]
+#                                              watch; speed.json, bench log, server logs -> $OUT
 #
 # The whole GPU suite with the seed case, chunks from the training-first split:
 #   bash node/gpu_node.sh suite-start [pytest args]
@@ -134,6 +140,7 @@
 #   bash node/gpu_node.sh suite-pipeline       suite-start's pipeline (from /tmp/repo)
 #   bash node/gpu_node.sh speed-pipeline       speed-start's pipeline (from /tmp/repo)
 #   bash node/gpu_node.sh dummy-profile        dummy-profile-start's pipeline (from /tmp/repo)
+#   bash node/gpu_node.sh dummy-bench-pipeline dummy-bench-start's pipeline (from /tmp/repo)
 #   bash node/gpu_node.sh dual-pipeline        dual-start's pipeline (from /tmp/repo)
 #   bash node/gpu_node.sh one-pipeline         one-start's pipeline (from /tmp/repo)
 #   bash node/gpu_node.sh seed-shape-pipeline  seed-shape-start's pipeline (from /tmp/repo)
@@ -796,6 +803,41 @@ dummy-profile)
         --log-dir /tmp/dummy/logs --profile-dir /tmp/dummy/profiles \
         --out-json /tmp/dummy/speed-dummy.json || true
     touch /tmp/dummy/DONE
+    ;;
+dummy-bench-start)
+    # bench_speed on the dummy 8B shape (make_dummy_8b: config-only target and SGLang-format
+    # 32,000-vocab drafter, --load-format dummy, tau ~ 1), the plugin loaded (its own drafter
+    # class, so plugin-only switches such as SGLANG_EXT_DRAFT_FP8_LM_HEAD act): a cycle's
+    # cost read straight off the speedup (1 / speedup at tau 1), no fixture to train. Starts
+    # detached after one-install; dummy-bench-wait watches. Args: bench_speed's settings;
+    # DUMMY_SERVER_ARGS: every server's flags (--load-format dummy and what else they share)
+    SGLANG_EXT_SITE=/tmp/site523 launch_detached dummy-bench-pipeline /tmp/dummyb \
+        DUMMY_BENCH_ARGS "$@"
+    ;;
+dummy-bench-pipeline)
+    cd /tmp/repo
+    while [ ! -f "$INSTALLED" ]; do sleep 2; done
+    python3 -m sglang_ext_tools.fixtures.make_dummy_8b /tmp/dummyb
+    mkdir -p /tmp/dummyb/result
+    limit=$(bench_limit "${DUMMY_BENCH_LIMIT:-}" 500)
+    echo "bench limit ${limit} s at $(date +%T)"
+    # shellcheck disable=SC2086  # bench flags, split on purpose
+    timeout -s INT "$limit" python3 -m sglang_ext_tools.bench_speed \
+        --target /tmp/dummyb/target --drafter /tmp/dummyb/drafter \
+        --prompts /tmp/dummyb/prompts.jsonl --server-args "${DUMMY_SERVER_ARGS:---load-format dummy}" \
+        --log-dir /tmp/dummyb/logs --out-json /tmp/dummyb/result/speed.json \
+        ${BENCH_PIN_CPUS:+--pin-cpus "$BENCH_PIN_CPUS"} ${DUMMY_BENCH_ARGS:-} \
+        2>&1 | tee -i /tmp/dummyb/result/bench.log || true
+    tar -czf /tmp/dummyb/result/server-logs.tgz -C /tmp/dummyb/logs . 2>/dev/null || true
+    touch /tmp/dummyb/DONE
+    ;;
+dummy-bench-wait)
+    wait_for /tmp/dummyb "${1:-540}"
+    tail -n 25 /tmp/dummyb/result/bench.log 2>/dev/null
+    cp /tmp/dummyb/result/speed.json /tmp/dummyb/result/bench.log \
+        /tmp/dummyb/result/server-logs.tgz /tmp/dummyb/pipeline.log "$OUT"/ 2>/dev/null || true
+    nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
+    [ -f /tmp/dummyb/DONE ]
     ;;
 dummy-profile-wait)
     for _ in $(seq "${1:-300}"); do [ -f /tmp/dummy/DONE ] && break; sleep 1; done
