@@ -44,3 +44,34 @@ def test_without_a_gpu_it_says_so_and_writes_nothing(tmp_path, monkeypatch, caps
     assert hb.main(["--out-json", str(out)]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
     assert not out.exists()
+
+
+def _flat(value):
+    if isinstance(value, dict):
+        return [x for k in sorted(value) for x in _flat(value[k])]
+    if isinstance(value, list):
+        return [x for v in value for x in _flat(v)]
+    return [value]
+
+
+RESULT = hb.Path(__file__).resolve().parent / "gpu" / "results"
+
+
+@pytest.mark.parametrize("path", sorted(RESULT.glob("head-gemv-*.json")), ids=lambda p: p.name)
+def test_a_committed_result_is_what_its_own_timings_give(path):
+    """Every figure of a committed run is recomputed from the per-sample timings it holds, and
+    it names its GPU, versions, backend and command."""
+    data = hb.json.loads(path.read_text())
+    assert data["gpu"]["name"] and data["versions"]["torch"] and data["command"]
+    assert data["backend"]
+    for head in data["heads"]:
+        times = head["times_us"]
+        again = hb.summarize(times)
+        # the file keeps each timing to 1 ns, the run summed them unrounded: 1e-3 µs, 1e-4
+        for key in ("us_per_call_median", "samples", "fp8_gemm", "fp8_quant_gemm"):
+            assert _flat(head[key]) == pytest.approx(_flat(again[key]), abs=2e-3), key
+        n, k = head["shape"]["n"], head["shape"]["k"]
+        assert head["bytes"] == hb.bytes_read(n, k)
+        med = head["us_per_call_median"]
+        assert head["effective_tb_s"]["bf16"] == round(2 * n * k / med["bf16"] / 1e6, 3)
+        assert len(times["bf16"]) == len(times["fp8_gemm"]) == head["samples"]
