@@ -45,7 +45,7 @@ import sglang_ext
 from sglang_ext.cli.bench import BenchError, RequestSpec, load_prompts, run_benchmark
 from sglang_ext.cli.bench_report import RequestResult
 from sglang_ext_tools import cpu_pinning
-from sglang_ext_tools.gpu_watch import GpuWatch
+from sglang_ext_tools.gpu_watch import GpuWatch, gpu_info
 from sglang_ext_tools.launch import DEFAULT_SPEC, STOCK_ENV, Server, start_all, stop_all
 from sglang_ext_tools.stats import bootstrap_ratio_ci, ratio_of_sums
 from sglang_ext_tools.trace_breakdown import (
@@ -1278,42 +1278,6 @@ def write_png(result: Mapping[str, Any], path: str) -> bool:
 
 
 # -- Environment and the run ---------------------------------------------------------------------
-
-
-def gpu_info() -> dict[str, Any]:
-    try:
-        import pynvml
-    except ImportError:
-        return {"name": None, "error": "pynvml (nvidia-ml-py) is not installed"}
-    try:
-        pynvml.nvmlInit()
-        try:
-            h = pynvml.nvmlDeviceGetHandleByIndex(0)
-
-            def text(v: Any) -> str:
-                return v.decode() if isinstance(v, bytes) else v
-
-            clock = pynvml.nvmlDeviceGetClockInfo
-            clock_max = pynvml.nvmlDeviceGetMaxClockInfo
-            sm, mem = pynvml.NVML_CLOCK_SM, pynvml.NVML_CLOCK_MEM
-            return {
-                "name": text(pynvml.nvmlDeviceGetName(h)),
-                "driver": text(pynvml.nvmlSystemGetDriverVersion()),
-                "memory_total_mib": pynvml.nvmlDeviceGetMemoryInfo(h).total // 2**20,
-                # which GPU of the fleet: each session's machine is a fresh one
-                "uuid": text(pynvml.nvmlDeviceGetUUID(h)),
-                "power_limit_w": pynvml.nvmlDeviceGetEnforcedPowerLimit(h) / 1000,
-                "clocks": {
-                    "sm_mhz": clock(h, sm),
-                    "sm_max_mhz": clock_max(h, sm),
-                    "mem_mhz": clock(h, mem),
-                    "mem_max_mhz": clock_max(h, mem),
-                },
-            }
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception as exc:  # noqa: BLE001 - no driver: the run still reports
-        return {"name": None, "error": repr(exc)}
 
 
 def package_version(name: str) -> str | None:

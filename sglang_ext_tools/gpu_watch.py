@@ -122,3 +122,41 @@ class GpuWatch:
         if out is not None and self.error:
             out["error"] = self.error
         return out
+
+
+# The GPU a run used, read once at its start (NVML): bench_speed's and head_gemv_bench's
+# `gpu` record.
+def gpu_info() -> dict[str, Any]:
+    try:
+        import pynvml
+    except ImportError:
+        return {"name": None, "error": "pynvml (nvidia-ml-py) is not installed"}
+    try:
+        pynvml.nvmlInit()
+        try:
+            h = pynvml.nvmlDeviceGetHandleByIndex(0)
+
+            def text(v: Any) -> str:
+                return v.decode() if isinstance(v, bytes) else v
+
+            clock = pynvml.nvmlDeviceGetClockInfo
+            clock_max = pynvml.nvmlDeviceGetMaxClockInfo
+            sm, mem = pynvml.NVML_CLOCK_SM, pynvml.NVML_CLOCK_MEM
+            return {
+                "name": text(pynvml.nvmlDeviceGetName(h)),
+                "driver": text(pynvml.nvmlSystemGetDriverVersion()),
+                "memory_total_mib": pynvml.nvmlDeviceGetMemoryInfo(h).total // 2**20,
+                # which GPU of the fleet: each session's machine is a fresh one
+                "uuid": text(pynvml.nvmlDeviceGetUUID(h)),
+                "power_limit_w": pynvml.nvmlDeviceGetEnforcedPowerLimit(h) / 1000,
+                "clocks": {
+                    "sm_mhz": clock(h, sm),
+                    "sm_max_mhz": clock_max(h, sm),
+                    "mem_mhz": clock(h, mem),
+                    "mem_max_mhz": clock_max(h, mem),
+                },
+            }
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception as exc:  # noqa: BLE001 - no driver: the run still reports
+        return {"name": None, "error": repr(exc)}

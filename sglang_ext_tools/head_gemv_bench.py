@@ -33,6 +33,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from sglang_ext_tools.gpu_watch import gpu_info
 from sglang_ext_tools.stats import bootstrap_ci, bootstrap_ratio_ci, ratio_of_sums
 
 FP8_MAX = 448.0  # float8_e4m3fn
@@ -164,17 +165,6 @@ def measure(n: int, k: int, reps: int, samples: int) -> dict[str, Any]:  # pragm
     return out
 
 
-def gpu_name() -> dict[str, Any]:  # pragma: no cover - GPU
-    import torch
-
-    p = torch.cuda.get_device_properties(0)
-    return {
-        "name": p.name,
-        "memory_total_mib": p.total_memory // 2**20,
-        "uuid": str(getattr(p, "uuid", "")),
-    }
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
@@ -196,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "schema_version": 1,
         "date": dt.date.today().isoformat(),
-        "gpu": gpu_name(),
+        "gpu": gpu_info(),
         "versions": {"python": platform.python_version(), "torch": torch.__version__},
         "backend": "torch (F.linear; torch._scaled_mm, row-wise scales)",
         "command": " ".join(["python -m sglang_ext_tools.head_gemv_bench", *sys.argv[1:]]),

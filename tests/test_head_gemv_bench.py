@@ -4,6 +4,8 @@ without a GPU (the timings themselves run on the node)."""
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
 import pytest
 
@@ -54,14 +56,14 @@ def _flat(value):
     return [value]
 
 
-RESULT = hb.Path(__file__).resolve().parent / "gpu" / "results"
+RESULT = Path(__file__).resolve().parent / "gpu" / "results"
 
 
 @pytest.mark.parametrize("path", sorted(RESULT.glob("head-gemv-*.json")), ids=lambda p: p.name)
 def test_a_committed_result_is_what_its_own_timings_give(path):
     """Every figure of a committed run is recomputed from the per-sample timings it holds, and
     it names its GPU, versions, backend and command."""
-    data = hb.json.loads(path.read_text())
+    data = json.loads(path.read_text())
     assert data["gpu"]["name"] and data["versions"]["torch"] and data["command"]
     assert data["backend"]
     for head in data["heads"]:
