@@ -475,6 +475,12 @@ def summarize_measurement(results: Sequence[RequestResult], wall_s: float) -> di
             else None
             for r in results
         ],
+        # each request's verify cycles (None: failed or no speculation), for cycle_fit's
+        # split of decode_s into a cost per cycle and a cost per request
+        "verify_steps": [
+            r.acceptance.verify_steps if r.ok and r.acceptance.verify_steps else None
+            for r in results
+        ],
     }
 
 

@@ -11,6 +11,12 @@ and group. Measured figures are read from the run's JSON, derived ones computed 
 - ``across_runs``: the same setting's decode cycle in earlier runs' JSON beside this one, with
   the fused-MoE block sizes each run's tuner picked (``tune_moe``'s report), so an effect that
   moves between runs on one config shows as such;
+- ``per_cycle`` (where each request's verify count is known): ``cycle_fit``'s split of the
+  time after the first token into a cost per verify cycle and a cost per request, for both
+  servers, the variant's less the plain one's with intervals over prompts, and the per-cycle
+  difference in decode steps (no speculation's TPOT). bench_speed records the counts since
+  2026-12-06; for an earlier file ``--acceptance`` gives the run's acceptance records (a
+  folder, or its server-logs tarball);
 - ``predictions``: registered ranges for (plain - variant) decode cycles, held against the run.
 
     python -m sglang_ext_tools.variant_result --bench B.json --tune-moe T.json \\
@@ -23,10 +29,11 @@ import argparse
 import json
 import statistics
 import sys
+import tarfile
 from pathlib import Path
 from typing import Any
 
-from sglang_ext_tools import bench_speed
+from sglang_ext_tools import bench_speed, cycle_fit
 from sglang_ext_tools.stats import bootstrap_ratio_ci, paired_values, ratio_of_sums
 
 VERIFY_SIZES = ("4", "5", "6")
@@ -102,8 +109,50 @@ def block_sizes(report: dict | None) -> dict[str, dict[str, int]] | None:
     return {m: dict(tokens[m]["best"]) for m in VERIFY_SIZES if m in tokens and "best" in tokens[m]}
 
 
-def compare(bench: dict) -> list[dict[str, Any]]:
-    """Every variant row of the run against its plain twin (bench_speed's vs_setting_server)."""
+def _with_verify(bench: dict, servers: list[str], records: Path | None) -> list[dict]:
+    """The run's measurements, those of ``servers`` given per-request verify counts from
+    the acceptance records where the file has none of its own (cycle_fit.attach_verify)."""
+    measurements = list(bench.get("measurements", []))
+    if records is None:
+        return measurements
+    for server in servers:
+        own = [m for m in measurements if m.get("server") == server]
+        if any(m.get("verify_steps") for m in own):
+            continue
+        attached = cycle_fit.attach_verify(own, server, cycle_fit.read_records(records, server))
+        by_round = {m.get("round"): m for m in attached}
+        measurements = [
+            by_round.get(m.get("round"), m) if m.get("server") == server else m
+            for m in measurements
+        ]
+    return measurements
+
+
+def per_cycle(
+    measurements: list[dict], plain: str, variant: str, rounds: list[int], step_ms: float | None
+) -> dict[str, Any] | None:
+    """cycle_fit's comparison of the two servers on the rounds both finished, the per-cycle
+    difference also in decode steps (None where the verify counts are not known)."""
+    got = cycle_fit.compare(
+        cycle_fit.server_points(measurements, plain, rounds),
+        cycle_fit.server_points(measurements, variant, rounds),
+    )
+    if got is None:
+        return None
+    if step_ms:
+        diff = got["variant_minus_plain_ms_per_cycle"]
+        ci = got["variant_minus_plain_ms_per_cycle_ci95"]
+        got["decode_step_ms"] = step_ms
+        got["variant_minus_plain_decode_steps"] = round(diff / step_ms, 4)
+        got["variant_minus_plain_decode_steps_ci95"] = (
+            [round(x / step_ms, 4) for x in ci] if ci else None
+        )
+    return got
+
+
+def compare(bench: dict, records: Path | None = None) -> list[dict[str, Any]]:
+    """Every variant row of the run against its plain twin (bench_speed's vs_setting_server);
+    ``records``: the run's acceptance records, for a file without per-request verify counts."""
     agg = bench_speed.aggregate(bench.get("measurements", []))
     cycles = _cycles(bench)
     out = []
@@ -118,12 +167,20 @@ def compare(bench: dict) -> list[dict[str, Any]]:
         if not plain or not variant:
             continue
         c_plain, c_variant = cycles.get(plain_name), cycles.get(row["server"])
+        rounds = sorted(plain["tok_s_rounds"])
+        split = per_cycle(
+            _with_verify(bench, [plain_name, row["server"]], records),
+            plain_name,
+            row["server"],
+            rounds,
+            row.get("nospec_tpot_ms"),
+        )
         out.append(
             {
                 "variant": row["server"],
                 "plain": plain_name,
                 "setting": [row["steps"], row["topk"], row["draft_tokens"]],
-                "rounds": sorted(plain["tok_s_rounds"]),
+                "rounds": rounds,
                 "tau": {"variant": row.get("tau"), "plain": plain_row.get("tau")},
                 "whole": _paired(plain, variant, "latency_rounds"),
                 "decode": _paired(plain, variant, "decode_rounds"),
@@ -140,6 +197,7 @@ def compare(bench: dict) -> list[dict[str, Any]]:
                         else None
                     ),
                 },
+                **({"per_cycle": split} if split else {}),
             }
         )
     return out
@@ -167,8 +225,9 @@ def build(
     earlier: list[tuple[str, dict, dict | None]],
     predictions: list[tuple[str, float, float]],
     paths: dict[str, Any],
+    records: Path | None = None,
 ) -> dict[str, Any]:
-    variants = compare(bench)
+    variants = compare(bench, records)
     by_name = {v["variant"]: v for v in variants}
     checked = []
     for server, low, high in predictions:
@@ -206,6 +265,12 @@ def main(argv=None) -> int:
         help="earlier runs' bench_speed JSON, each with its tuner report after a comma",
     )
     p.add_argument("--predict", type=parse_prediction, action="append", default=[])
+    p.add_argument(
+        "--acceptance",
+        type=Path,
+        help="the run's acceptance records (a folder of <server>.jsonl, or the server-logs "
+        "tarball) for a bench file without per-request verify counts",
+    )
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     if args.out.exists():
@@ -224,15 +289,21 @@ def main(argv=None) -> int:
     paths = {
         "bench": args.bench.name,
         **({"tune_moe": args.tune_moe.name} if args.tune_moe else {}),
+        **({"acceptance": args.acceptance.name} if args.acceptance else {}),
         "earlier": [" + ".join(Path(f).name for f in e.split(",")) for e in args.earlier],
     }
-    result = build(
-        _load(args.bench),
-        _load(args.tune_moe) if args.tune_moe else None,
-        earlier,
-        args.predict,
-        paths,
-    )
+    try:
+        result = build(
+            _load(args.bench),
+            _load(args.tune_moe) if args.tune_moe else None,
+            earlier,
+            args.predict,
+            paths,
+            args.acceptance,
+        )
+    except (OSError, tarfile.TarError, cycle_fit.AlignmentError) as e:
+        print(f"error: {args.acceptance}: {e}", file=sys.stderr)
+        return 1
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({k: result[k] for k in ("variants", "predictions")}, indent=1))
     return 0

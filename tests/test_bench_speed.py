@@ -293,9 +293,11 @@ def test_summarize_measurement_from_request_results():
     assert m["tau"] == 512 / 160 and m["verify"] == 160
     assert m["tpot_ms"] == 5.0 and m["ttft_ms"] == pytest.approx(150.0)
     assert m["decode_s"] == [None, None, None]  # no latencies in these results
+    assert m["verify_steps"] == [100, 60, None]  # per request, for cycle_fit
     assert m["errors"] == 1 and m["error_samples"] == ["HTTP 500"]
     nospec = bs.summarize_measurement([RequestResult(0, True, completion_tokens=10)], 1.0)
     assert nospec["tau"] is None and nospec["verify"] is None
+    assert nospec["verify_steps"] == [None]
 
 
 # ------------------------------------------------------------------ JSON, table, PNG

@@ -1,0 +1,148 @@
+"""cycle_fit: decode time split into a cost per verify cycle and one per request, two servers
+compared by a bootstrap over prompts, verify counts aligned from acceptance records; and the
+2026-12-06 seed-shape run read through it (variant_result --acceptance)."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from sglang_ext_tools import cycle_fit, variant_result
+
+RESULTS = Path(__file__).parent / "gpu" / "results"
+RUN = RESULTS / "seed-shape-2026-12-06-nvidia-h200-sglang0.5.23"
+
+
+def _requests(per_cycle_s, per_request_s, cycles, noise_s=0.0, seed=0):
+    rng = random.Random(seed)
+    return [per_request_s + per_cycle_s * c + rng.gauss(0, noise_s) for c in cycles]
+
+
+def _measurement(server, rnd, cycles, decode):
+    return {"server": server, "round": rnd, "batch": 1, "status": "ok",
+            "decode_s": decode, "verify_steps": cycles, "verify": sum(cycles),
+            "tokens": 128 * len(cycles)}  # fmt: skip
+
+
+def test_an_exact_line_is_recovered():
+    cycles = [40, 45, 52, 60, 38]
+    points = list(zip(cycles, _requests(0.0107, 0.004, cycles), strict=True))
+    slope, intercept = cycle_fit.fit(points)
+    assert slope == pytest.approx(0.0107)
+    assert intercept == pytest.approx(0.004)
+
+
+def test_one_cycle_count_fits_no_line():
+    assert cycle_fit.fit([(40, 0.5), (40, 0.52)]) is None
+    assert cycle_fit.fit([(40, 0.5)]) is None
+
+
+def _pair(variant_cycle_s, variant_request_s, noise_s=0.002, prompts=16, rounds=3):
+    rng = random.Random(1)
+    counts = [rng.randint(35, 60) for _ in range(prompts)]
+    ms = []
+    for r in range(rounds):
+        ms.append(
+            _measurement("plain", r, counts, _requests(0.0107, 0.0, counts, noise_s, seed=10 + r))
+        )
+        ms.append(_measurement("variant", r, counts,
+                               _requests(variant_cycle_s, variant_request_s, counts, noise_s,
+                                         seed=20 + r)))  # fmt: skip
+    return ms
+
+
+def test_a_dearer_cycle_is_told_from_a_dearer_request():
+    cycle = cycle_fit.compare(*(cycle_fit.server_points(_pair(0.0120, 0.0), s)
+                                for s in ("plain", "variant")))  # fmt: skip
+    lo, hi = cycle["variant_minus_plain_ms_per_cycle_ci95"]
+    assert lo <= 1.3 <= hi and lo > 1.0
+    lo, hi = cycle["variant_minus_plain_ms_per_request_ci95"]
+    assert lo <= 0 <= hi
+
+    request = cycle_fit.compare(*(cycle_fit.server_points(_pair(0.0107, 0.040), s)
+                                  for s in ("plain", "variant")))  # fmt: skip
+    lo, hi = request["variant_minus_plain_ms_per_request_ci95"]
+    assert lo <= 40 <= hi and lo > 20
+    lo, hi = request["variant_minus_plain_ms_per_cycle_ci95"]
+    assert lo <= 0 <= hi
+
+
+def test_twins_read_no_difference_inside_their_interval():
+    same = cycle_fit.compare(*(cycle_fit.server_points(_pair(0.0107, 0.0), s)
+                               for s in ("plain", "variant")))  # fmt: skip
+    lo, hi = same["variant_minus_plain_ms_per_cycle_ci95"]
+    assert lo <= 0 <= hi
+
+
+def test_only_the_given_rounds_and_batch_one_count():
+    ms = _pair(0.0107, 0.0)
+    ms.append({**_measurement("plain", 0, [40], [9.0]), "batch": 4})
+    points = cycle_fit.server_points(ms, "plain", rounds=[0, 1])
+    assert all(len(v) == 2 for v in points.values())
+
+
+def _records(counts):
+    return [{"verify_steps": c, "completion_tokens": 128} for c in counts]
+
+
+def test_records_are_aligned_to_the_timed_rounds_after_the_warmup():
+    counts = [[40, 50, 45], [41, 49, 46]]
+    ms = [{**_measurement("s", r, c, [0.5] * 3), "verify_steps": None}
+          for r, c in enumerate(counts)]  # fmt: skip
+    warmup = [{"verify_steps": 3, "completion_tokens": 8}] * 2
+    got = cycle_fit.attach_verify(ms, "s", warmup + _records(counts[0] + counts[1]))
+    assert [m["verify_steps"] for m in got] == counts
+
+
+def test_records_that_do_not_add_up_are_refused_naming_the_round():
+    ms = [{**_measurement("s", 0, [40, 50], [0.5, 0.5]), "verify_steps": None}]
+    with pytest.raises(cycle_fit.AlignmentError, match=r"s round 0: records give 91 .* 90"):
+        cycle_fit.attach_verify(ms, "s", _records([41, 50]))
+    with pytest.raises(cycle_fit.AlignmentError, match="1 acceptance records, 2 timed"):
+        cycle_fit.attach_verify(ms, "s", _records([40]))
+    larger = [*ms, {**ms[0], "batch": 4, "round": 1}]
+    with pytest.raises(cycle_fit.AlignmentError, match="batch > 1"):
+        cycle_fit.attach_verify(larger, "s", _records([40, 50, 40, 50]))
+
+
+def test_records_are_read_from_a_folder_or_a_tarball(tmp_path):
+    (tmp_path / "acceptance").mkdir()
+    text = "\n".join(json.dumps(r) for r in _records([40, 41])) + "\n"
+    (tmp_path / "acceptance" / "spec-3-1-4.jsonl").write_text(text)
+    assert len(cycle_fit.read_records(tmp_path, "spec-3-1-4")) == 2
+    tgz = tmp_path / "logs.tgz"
+    with tarfile.open(tgz, "w:gz") as tar:
+        info = tarfile.TarInfo("./acceptance/spec-3-1-4.jsonl")
+        info.size = len(text.encode())
+        tar.addfile(info, io.BytesIO(text.encode()))
+    assert cycle_fit.read_records(tgz, "spec-3-1-4") == _records([40, 41])
+    with pytest.raises(FileNotFoundError, match="no acceptance/spec-5-1-6.jsonl"):
+        cycle_fit.read_records(tgz, "spec-5-1-6")
+
+
+def test_the_prefill_graph_costs_the_seed_shape_a_cycle_not_a_request(tmp_path):
+    """2026-12-06, one H200: 5/1/6 with SGLang's breakable prefill graph against its plain
+    twin, 16 prompts x 3 rounds. Per cycle 1.33 ms dearer (10.66 -> 11.99 ms, 0.16 decode
+    steps), per request no different; the instance twins differ by under 0.01 decode steps."""
+    out = tmp_path / "v.json"
+    argv = ["--bench", f"{RUN}-bench.json", "--acceptance", f"{RUN}-bench-server-logs.tgz",
+            "--out", str(out)]  # fmt: skip
+    assert variant_result.main(argv) == 0
+    built = {v["variant"]: v["per_cycle"] for v in json.loads(out.read_text())["variants"]}
+    pg = built["spec-5-1-6-pg"]
+    lo, hi = pg["variant_minus_plain_ms_per_cycle_ci95"]
+    assert 1.0 < lo and hi < 1.6
+    lo, hi = pg["variant_minus_plain_ms_per_request_ci95"]
+    assert lo <= 0 <= hi
+    for twin in ("spec-3-1-4-b", "spec-5-1-6-b"):
+        lo, hi = built[twin]["variant_minus_plain_decode_steps_ci95"]
+        assert -0.01 < lo and hi < 0.01
+    assert built == {
+        v["variant"]: v["per_cycle"]
+        for v in json.loads(Path(f"{RUN}-variants.json").read_text())["variants"]
+    }
