@@ -149,3 +149,14 @@ def test_the_prefill_graph_costs_the_seed_shape_a_cycle_not_a_request(tmp_path):
         v["variant"]: v["per_cycle"]
         for v in json.loads(Path(f"{RUN}-variants.json").read_text())["variants"]
     }
+
+
+def test_variant_result_refuses_records_it_cannot_align(tmp_path, capsys):
+    """--acceptance naming a folder without the servers' records: exit 1, the folder and the
+    missing file named, nothing written."""
+    out = tmp_path / "v.json"
+    argv = ["--bench", f"{RUN}-bench.json", "--acceptance", str(tmp_path), "--out", str(out)]
+    assert variant_result.main(argv) == 1
+    err = capsys.readouterr().err
+    assert str(tmp_path) in err and "spec-3-1-4.jsonl" in err
+    assert not out.exists()
