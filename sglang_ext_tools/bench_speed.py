@@ -50,6 +50,7 @@ from sglang_ext_tools.launch import DEFAULT_SPEC, STOCK_ENV, Server, start_all, 
 from sglang_ext_tools.stats import bootstrap_ratio_ci, ratio_of_sums
 from sglang_ext_tools.trace_breakdown import (
     breakdown,
+    graph_streams,
     group_kernels,
     kernel_families,
     kernel_grids,
@@ -1516,6 +1517,7 @@ def profile_server(server: Server, prompt: Any, args: argparse.Namespace) -> dic
                 "top_kernels": top_kernels(graphs, n=12),
                 # which config the fused-MoE kernels ran with (their launch grids)
                 "kernel_grids": kernel_grids(graphs),
+                "graph_streams": graph_streams(graphs),
             }
             break
         except (FileNotFoundError, EOFError, OSError, ValueError) as exc:

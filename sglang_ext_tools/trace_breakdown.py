@@ -303,9 +303,69 @@ def kernel_grids(
     return out
 
 
+def _stream(kernel: Mapping[str, Any]) -> Any:
+    """The CUDA stream a kernel ran on (CUPTI's ``stream`` arg; the trace's tid otherwise)."""
+    return (kernel.get("args") or {}).get("stream", kernel.get("tid"))
+
+
+def graph_streams(trace: Mapping[str, Any] | Graphs, n: int = 3) -> dict[str, Any] | None:
+    """The target graphs on the GPU's clock, per cycle (target launch), in ms: ``span``, from
+    a launch's first kernel start to its last kernel end (what the launch costs the cycle);
+    ``busy``, the time some kernel of it ran; ``overlap``, the per-stream busy times summed
+    less ``busy`` (time two streams ran at once); and per stream its busy time, its kernels'
+    summed time and its costliest kernels. A graph whose model runs a second stream (SGLang's
+    DeepSeek layers put the shared expert there) has kernels that overlap, and a kernel's
+    recorded time then includes waiting for SMs the other stream holds: summed kernel times
+    (``breakdown``'s ``target_graph_kernels``) count both. 2026-12-03, the seed's rank
+    shape: 12.6 ms of target-graph kernels summed in an 8.5 ms decode step. None without a
+    target graph."""
+    _, target, _, _ = group_kernels(trace)
+    if not target:
+        return None
+    span = busy = 0.0
+    streams: dict[Any, list[Mapping[str, Any]]] = {}
+    stream_busy: dict[Any, float] = {}
+    for group in target:
+        intervals = [(k["ts"], k["ts"] + k.get("dur", 0)) for k in group]
+        span += max(b for _, b in intervals) - min(a for a, _ in intervals)
+        busy += _union_us(intervals)
+        own: dict[Any, list[Mapping[str, Any]]] = {}
+        for k in group:
+            own.setdefault(_stream(k), []).append(k)
+        for stream, kernels in own.items():
+            streams.setdefault(stream, []).extend(kernels)
+            stream_busy[stream] = stream_busy.get(stream, 0.0) + _union_us(
+                (k["ts"], k["ts"] + k.get("dur", 0)) for k in kernels
+            )
+    cycles = len(target)
+
+    def ms(us: float) -> float:
+        return round(us / cycles / 1000, 4)
+
+    return {
+        "span_ms": ms(span),
+        "busy_ms": ms(busy),
+        "overlap_ms": ms(sum(stream_busy.values()) - busy),
+        "streams": {
+            str(stream): {
+                "busy_ms": ms(stream_busy[stream]),
+                "kernel_ms": ms(_gpu_us(kernels)),
+                "kernels_per_cycle": round(len(kernels) / cycles, 2),
+                "top": [
+                    {"kernel": name[:80], "us_per_cycle": round(us / cycles, 1)}
+                    for name, (_, us) in sorted(
+                        tally(kernels, lambda k: k["name"]).items(), key=lambda kv: -kv[1][1]
+                    )[:n]
+                ],
+            }
+            for stream, kernels in sorted(streams.items(), key=lambda kv: -stream_busy[kv[0]])
+        },
+    }
+
+
 def summarize(paths: Sequence[str | Path], **meta: Any) -> dict[str, Any]:
-    """Breakdown, top kernels, kernel families and grids, and provenance (file, sha256,
-    device) for each trace."""
+    """Breakdown, top kernels, kernel families and grids, the target graphs' streams, and
+    provenance (file, sha256, device) for each trace."""
     import hashlib
 
     out: dict[str, Any] = {"schema_version": 1, **meta, "traces": {}}
@@ -323,6 +383,7 @@ def summarize(paths: Sequence[str | Path], **meta: Any) -> dict[str, Any]:
             "top_kernels": top_kernels(graphs),
             "kernel_families": kernel_families(graphs),
             "kernel_grids": kernel_grids(graphs),
+            "graph_streams": graph_streams(graphs),
         }
     return out
 

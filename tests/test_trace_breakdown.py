@@ -19,11 +19,27 @@ def _trace(cycles: int = 2, gap_us: float = 500.0) -> dict:
     def graph(n: int, dur: float) -> None:
         nonlocal t, corr
         corr += 1
-        events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch_v10000",
-                       "ts": t, "dur": 5, "args": {"correlation": corr}})
+        events.append(
+            {
+                "ph": "X",
+                "cat": "cuda_runtime",
+                "name": "cudaGraphLaunch_v10000",
+                "ts": t,
+                "dur": 5,
+                "args": {"correlation": corr},
+            }
+        )
         for _ in range(n):
-            events.append({"ph": "X", "cat": "kernel", "name": "k", "ts": t, "dur": dur,
-                           "args": {"correlation": corr}})
+            events.append(
+                {
+                    "ph": "X",
+                    "cat": "kernel",
+                    "name": "k",
+                    "ts": t,
+                    "dur": dur,
+                    "args": {"correlation": corr},
+                }
+            )
             t += dur
         t += gap_us
 
@@ -32,11 +48,18 @@ def _trace(cycles: int = 2, gap_us: float = 500.0) -> dict:
         graph(40, 100.0)
         graph(6, 30.0)
         corr += 1
-        events.append({"ph": "X", "cat": "kernel", "name": "argmax", "ts": t, "dur": 50.0,
-                       "args": {"correlation": corr}})
+        events.append(
+            {
+                "ph": "X",
+                "cat": "kernel",
+                "name": "argmax",
+                "ts": t,
+                "dur": 50.0,
+                "args": {"correlation": corr},
+            }
+        )
         t += 50.0 + gap_us
-        events.append({"ph": "X", "cat": "python_function", "name": "scheduler", "ts": 0,
-                       "dur": t})
+        events.append({"ph": "X", "cat": "python_function", "name": "scheduler", "ts": 0, "dur": t})
     return {"traceEvents": events}
 
 
@@ -51,7 +74,9 @@ def test_cycle_splits_into_target_drafter_other_and_idle():
     # window ends with the last kernel: 4 gaps per cycle, minus the trailing one
     assert per["gpu_idle"] == pytest.approx((8 * 500 - 500) / 2 / 1000)
     assert per["total"] == pytest.approx(
-        per["target_graph_kernels"] + per["drafter_graph_kernels"] + per["other_kernels"]
+        per["target_graph_kernels"]
+        + per["drafter_graph_kernels"]
+        + per["other_kernels"]
         + per["gpu_idle"]
     )
     assert out["drafter_graphs_per_cycle"] == 2.0
@@ -151,8 +176,16 @@ def _with_prefill(trace: dict, us: float = 9000.0) -> dict:
     """The request's prefill before the first cycle: one long kernel outside any graph."""
     events = trace["traceEvents"]
     first = min(e["ts"] for e in events if e.get("cat") == "kernel")
-    events.append({"ph": "X", "cat": "kernel", "name": "prefill", "ts": first - us - 200,
-                   "dur": us, "args": {"correlation": 999}})
+    events.append(
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": "prefill",
+            "ts": first - us - 200,
+            "dur": us,
+            "args": {"correlation": 999},
+        }
+    )
     return trace
 
 
@@ -164,14 +197,18 @@ def test_steady_cycles_leave_the_prefill_out_and_say_what_the_gpu_waited_for():
     assert whole["per_cycle_ms"]["other_kernels"] == pytest.approx(0.05 + 9.0 / 3)
     assert steady["cycles"] == 2
     per = steady["per_cycle_ms"]
-    assert (per["target_graph_kernels"], per["drafter_graph_kernels"],
-            per["other_kernels"]) == pytest.approx((4.0, 0.28, 0.05))
+    assert (
+        per["target_graph_kernels"],
+        per["drafter_graph_kernels"],
+        per["other_kernels"],
+    ) == pytest.approx((4.0, 0.28, 0.05))
     assert per["gpu_idle"] == pytest.approx(2.0)  # the four 500 us gaps of each cycle
     assert per["total"] == pytest.approx(4.0 + 0.28 + 0.05 + 2.0)
     # each gap charged to what started after it: the target graph after the draft, the
     # drafter's extend after the target and its next draft after the argmax, the argmax
     assert steady["gpu_idle_before_ms"] == pytest.approx(
-        {"target_graph": 0.5, "drafter_graph": 1.0, "other_kernels": 0.5})
+        {"target_graph": 0.5, "drafter_graph": 1.0, "other_kernels": 0.5}
+    )
     # prefill and the first draft, outside the cycles
     assert steady["before_first_cycle_ms"]["gpu_kernels"] == pytest.approx(9.0 + 0.1)
     assert steady["before_first_cycle_ms"]["wall"] == pytest.approx(9.0 + 0.2 + 0.1 + 0.5)
@@ -179,3 +216,84 @@ def test_steady_cycles_leave_the_prefill_out_and_say_what_the_gpu_waited_for():
     assert busy["per_cycle_ms"]["gpu_idle"] == pytest.approx(0.0)
     assert set(busy["gpu_idle_before_ms"].values()) == {0.0}
     assert steady_breakdown(_trace(cycles=1)) is None  # no whole cycle
+
+
+def _two_stream_trace(launches: int = 2) -> dict:
+    """Per target launch (40 kernels, as _trace's target graph, so it is the largest): the
+    main stream 7 runs 0-200 us in two halves of 20 kernels, the second stream 9 runs one
+    kernel over 50-150 us beside it; one small drafter launch between target launches."""
+    events, t, corr = [], 0.0, 0
+    for _ in range(launches):
+        corr += 1
+        events.append(
+            {
+                "ph": "X",
+                "cat": "cuda_runtime",
+                "name": "cudaGraphLaunch",
+                "ts": t,
+                "dur": 5,
+                "args": {"correlation": corr},
+            }
+        )
+        for i in range(39):
+            events.append(
+                {
+                    "ph": "X",
+                    "cat": "kernel",
+                    "name": "moe" if i < 20 else "attn",
+                    "ts": t + i * 200 / 39,
+                    "dur": 200 / 39,
+                    "args": {"correlation": corr, "stream": 7},
+                }
+            )
+        events.append(
+            {
+                "ph": "X",
+                "cat": "kernel",
+                "name": "shared_expert",
+                "ts": t + 50,
+                "dur": 100,
+                "args": {"correlation": corr, "stream": 9},
+            }
+        )
+        corr += 1
+        events.append(
+            {
+                "ph": "X",
+                "cat": "cuda_runtime",
+                "name": "cudaGraphLaunch",
+                "ts": t + 300,
+                "dur": 5,
+                "args": {"correlation": corr},
+            }
+        )
+        events.append(
+            {
+                "ph": "X",
+                "cat": "kernel",
+                "name": "draft",
+                "ts": t + 300,
+                "dur": 20,
+                "args": {"correlation": corr, "stream": 7},
+            }
+        )
+        t += 1000
+    return {"traceEvents": events}  # fmt: skip
+
+
+def test_graph_streams_give_the_span_not_the_summed_kernels():
+    from sglang_ext_tools.trace_breakdown import graph_streams
+
+    out = graph_streams(_two_stream_trace())
+    assert out["span_ms"] == pytest.approx(0.2)
+    assert out["busy_ms"] == pytest.approx(0.2)
+    assert out["overlap_ms"] == pytest.approx(0.1)  # the second stream ran beside the first
+    main, side = out["streams"]["7"], out["streams"]["9"]
+    assert main["busy_ms"] == pytest.approx(0.2) and main["kernels_per_cycle"] == 39
+    assert side["kernel_ms"] == pytest.approx(0.1)
+    assert side["top"] == [{"kernel": "shared_expert", "us_per_cycle": 100.0}]
+    assert [k["kernel"] for k in main["top"]] == ["moe", "attn"]
+    # the summed kernel time counts the overlapped 0.1 ms twice
+    assert breakdown(_two_stream_trace())["per_cycle_ms"]["target_graph_kernels"] == (
+        pytest.approx(0.3)
+    )
