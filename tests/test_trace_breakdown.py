@@ -218,67 +218,32 @@ def test_steady_cycles_leave_the_prefill_out_and_say_what_the_gpu_waited_for():
     assert steady_breakdown(_trace(cycles=1)) is None  # no whole cycle
 
 
+def _launch(ts: float, corr: int) -> dict:
+    return {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": ts, "dur": 5,
+            "args": {"correlation": corr}}  # fmt: skip
+
+
+def _kernel(name: str, ts: float, dur: float, corr: int, stream: int) -> dict:
+    return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur,
+            "args": {"correlation": corr, "stream": stream}}  # fmt: skip
+
+
 def _two_stream_trace(launches: int = 2) -> dict:
-    """Per target launch (40 kernels, as _trace's target graph, so it is the largest): the
-    main stream 7 runs 0-200 us in two halves of 20 kernels, the second stream 9 runs one
-    kernel over 50-150 us beside it; one small drafter launch between target launches."""
+    """Per target launch (40 kernels, so it is the largest graph): the main stream 7 runs
+    0-200 us in 39 kernels (20 "moe", then "attn"), the second stream 9 one kernel over
+    50-150 us beside it; one small drafter launch between target launches."""
     events, t, corr = [], 0.0, 0
     for _ in range(launches):
         corr += 1
-        events.append(
-            {
-                "ph": "X",
-                "cat": "cuda_runtime",
-                "name": "cudaGraphLaunch",
-                "ts": t,
-                "dur": 5,
-                "args": {"correlation": corr},
-            }
-        )
-        for i in range(39):
-            events.append(
-                {
-                    "ph": "X",
-                    "cat": "kernel",
-                    "name": "moe" if i < 20 else "attn",
-                    "ts": t + i * 200 / 39,
-                    "dur": 200 / 39,
-                    "args": {"correlation": corr, "stream": 7},
-                }
-            )
-        events.append(
-            {
-                "ph": "X",
-                "cat": "kernel",
-                "name": "shared_expert",
-                "ts": t + 50,
-                "dur": 100,
-                "args": {"correlation": corr, "stream": 9},
-            }
-        )
+        events.append(_launch(t, corr))
+        step = 200 / 39
+        events += [_kernel("moe" if i < 20 else "attn", t + i * step, step, corr, 7)
+                   for i in range(39)]  # fmt: skip
+        events.append(_kernel("shared_expert", t + 50, 100, corr, 9))
         corr += 1
-        events.append(
-            {
-                "ph": "X",
-                "cat": "cuda_runtime",
-                "name": "cudaGraphLaunch",
-                "ts": t + 300,
-                "dur": 5,
-                "args": {"correlation": corr},
-            }
-        )
-        events.append(
-            {
-                "ph": "X",
-                "cat": "kernel",
-                "name": "draft",
-                "ts": t + 300,
-                "dur": 20,
-                "args": {"correlation": corr, "stream": 7},
-            }
-        )
+        events += [_launch(t + 300, corr), _kernel("draft", t + 300, 20, corr, 7)]
         t += 1000
-    return {"traceEvents": events}  # fmt: skip
+    return {"traceEvents": events}
 
 
 def test_graph_streams_give_the_span_not_the_summed_kernels():
