@@ -18,11 +18,18 @@ Each request's verify count is bench_speed's ``verify_steps`` (per request, sinc
 JSONL, one record a request in completion order) aligned to its timed rounds: the last
 records, one round after another, each round's sums checked against the measurement's own
 ``verify`` and ``tokens`` before a count is used.
+
+    python -m sglang_ext_tools.cycle_fit --bench B.json [--acceptance LOGS.tgz] [--out F.json]
+
+prints every speculative server's line at batch 1: its per-cycle cost with an interval over
+prompts, also in decode steps of the no-speculation TPOT its row was read against.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import sys
 import tarfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -111,6 +118,25 @@ def attach_verify(
     return out
 
 
+def with_verify(
+    measurements: Sequence[Mapping[str, Any]], servers: Sequence[str], records: Path | None
+) -> list[dict[str, Any]]:
+    """The measurements, those of ``servers`` given per-request verify counts from the
+    acceptance records (``read_records``, ``attach_verify``) where they carry none."""
+    out = [dict(m) for m in measurements]
+    if records is None:
+        return out
+    for server in servers:
+        own = [m for m in out if m.get("server") == server]
+        if any(m.get("verify_steps") for m in own):
+            continue
+        by_round = {
+            m.get("round"): m for m in attach_verify(own, server, read_records(records, server))
+        }
+        out = [by_round.get(m.get("round"), m) if m.get("server") == server else m for m in out]
+    return out
+
+
 def read_records(source: Path, server: str) -> list[dict[str, Any]]:
     """A server's acceptance records from a directory (``<server>.jsonl``, or under
     ``acceptance/``) or from a server-logs tarball (``acceptance/<server>.jsonl``)."""
@@ -183,3 +209,86 @@ def compare(
             prompts, lambda s: difference(s, 1), draws, seed
         ),
     }
+
+
+def server_line(
+    by_prompt: Mapping[int, Sequence[Point]], draws: int = 2000, seed: int = 0
+) -> dict[str, Any] | None:
+    """One server's line over its prompts, its per-cycle cost with a 95 % interval from a
+    bootstrap over prompts."""
+    prompts = sorted(by_prompt)
+    got = _summary(_pooled(by_prompt, prompts))
+    if got is None or len(prompts) < 2:
+        return got
+
+    def slope(sample: Sequence[int]) -> float:
+        line = fit(_pooled(by_prompt, sample))
+        return 1000 * line[0] if line else 0.0  # a draw whose prompts share one count
+
+    return {**got, "ms_per_cycle_ci95": bootstrap_ci(prompts, slope, draws, seed)}
+
+
+def servers(bench: Mapping[str, Any], records: Path | None = None) -> dict[str, Any]:
+    """Every speculative server's line at batch 1 in a bench_speed result, with its cost per
+    cycle in decode steps of the no-speculation TPOT its row was read against. A server with
+    no verify counts of its own and no records (stock SGLang writes none) is listed with the
+    reason instead."""
+    rows = [r for r in bench.get("rows", []) if r.get("batch") == 1 and r.get("server")]
+    out: dict[str, Any] = {}
+    for row in rows:
+        name = row["server"]
+        try:
+            measurements = with_verify(bench.get("measurements", []), [name], records)
+        except FileNotFoundError as e:
+            out[name] = {"skipped": str(e)}
+            continue
+        line = server_line(server_points(measurements, name))
+        if line is None:
+            out[name] = {"skipped": "no per-request verify counts (or one count for all)"}
+            continue
+        step = row.get("nospec_tpot_ms")
+        if step:
+            ci = line.get("ms_per_cycle_ci95")
+            line["decode_step_ms"] = step
+            line["decode_steps_per_cycle"] = round(line["ms_per_cycle"] / step, 4)
+            line["decode_steps_per_cycle_ci95"] = [round(x / step, 4) for x in ci] if ci else None
+        out[name] = {"setting": [row.get("steps"), row.get("topk"), row.get("draft_tokens")],
+                     **line}  # fmt: skip
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--bench", type=Path, required=True, help="a bench_speed result")
+    p.add_argument(
+        "--acceptance",
+        type=Path,
+        help="the run's acceptance records (a folder of <server>.jsonl, or the server-logs "
+        "tarball) for a result without per-request verify counts",
+    )
+    p.add_argument("--out", type=Path, help="write the JSON here (never over a file)")
+    args = p.parse_args(argv)
+    if args.out and args.out.exists():
+        print(f"error: {args.out} exists; results are never overwritten", file=sys.stderr)
+        return 1
+    try:
+        bench = json.loads(args.bench.read_text())
+    except (OSError, ValueError) as e:
+        print(f"error: {args.bench}: cannot read it as JSON ({e})", file=sys.stderr)
+        return 1
+    try:
+        lines = servers(bench, args.acceptance)
+    except (OSError, tarfile.TarError, AlignmentError) as e:
+        print(f"error: {args.acceptance}: {e}", file=sys.stderr)
+        return 1
+    result = {"bench": args.bench.name, "gpu": bench.get("gpu"), "date": bench.get("date"),
+              "servers": lines}  # fmt: skip
+    text = json.dumps(result, indent=1) + "\n"
+    if args.out:
+        args.out.write_text(text)
+    print(text, end="")
+    return 0 if any("ms_per_cycle" in v for v in lines.values()) else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

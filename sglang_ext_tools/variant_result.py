@@ -109,27 +109,12 @@ def block_sizes(report: dict | None) -> dict[str, dict[str, int]] | None:
     return {m: dict(tokens[m]["best"]) for m in VERIFY_SIZES if m in tokens and "best" in tokens[m]}
 
 
-def _with_verify(bench: dict, servers: list[str], records: Path | None) -> list[dict]:
-    """The run's measurements, those of ``servers`` given per-request verify counts from
-    the acceptance records where the file has none of its own (cycle_fit.attach_verify)."""
-    measurements = list(bench.get("measurements", []))
-    if records is None:
-        return measurements
-    for server in servers:
-        own = [m for m in measurements if m.get("server") == server]
-        if any(m.get("verify_steps") for m in own):
-            continue
-        attached = cycle_fit.attach_verify(own, server, cycle_fit.read_records(records, server))
-        by_round = {m.get("round"): m for m in attached}
-        measurements = [
-            by_round.get(m.get("round"), m) if m.get("server") == server else m
-            for m in measurements
-        ]
-    return measurements
-
-
 def per_cycle(
-    measurements: list[dict], plain: str, variant: str, rounds: list[int], step_ms: float | None
+    measurements: list[dict[str, Any]],
+    plain: str,
+    variant: str,
+    rounds: list[int],
+    step_ms: float | None,
 ) -> dict[str, Any] | None:
     """cycle_fit's comparison of the two servers on the rounds both finished, the per-cycle
     difference also in decode steps (None where the verify counts are not known)."""
@@ -169,7 +154,9 @@ def compare(bench: dict, records: Path | None = None) -> list[dict[str, Any]]:
         c_plain, c_variant = cycles.get(plain_name), cycles.get(row["server"])
         rounds = sorted(plain["tok_s_rounds"])
         split = per_cycle(
-            _with_verify(bench, [plain_name, row["server"]], records),
+            cycle_fit.with_verify(
+                bench.get("measurements", []), [plain_name, row["server"]], records
+            ),
             plain_name,
             row["server"],
             rounds,

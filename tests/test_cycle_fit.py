@@ -160,3 +160,32 @@ def test_variant_result_refuses_records_it_cannot_align(tmp_path, capsys):
     err = capsys.readouterr().err
     assert str(tmp_path) in err and "spec-3-1-4.jsonl" in err
     assert not out.exists()
+
+
+def test_every_server_of_a_run_gets_its_line_and_a_stock_server_its_reason(tmp_path, capsys):
+    """cycle_fit's own command on two committed runs: 2026-12-06 (every server's records in
+    its tarball) and 2026-12-03's fifth, whose stock servers wrote none. 3/1/4's cycle held
+    within 0.1 ms across the two sessions while 5/1/6's moved by more than 1 ms."""
+    fifth = RESULTS / "seed-shape-2026-12-03-moeprobe-nvidia-h200-sglang0.5.23"
+    lines = {}
+    for run in (RUN, fifth):
+        out = tmp_path / f"{run.name}.json"
+        argv = ["--bench", f"{run}-bench.json", "--acceptance", f"{run}-bench-server-logs.tgz",
+                "--out", str(out)]  # fmt: skip
+        assert cycle_fit.main(argv) == 0
+        lines[run] = json.loads(out.read_text())["servers"]
+    assert (
+        "acceptance/nbrfalse-stock-3-1-4.jsonl" in lines[fifth]["nbrfalse-stock-3-1-4"]["skipped"]
+    )
+    now, then = lines[RUN], lines[fifth]
+    assert abs(now["spec-3-1-4"]["ms_per_cycle"] - then["spec-3-1-4"]["ms_per_cycle"]) < 0.1
+    assert then["spec-5-1-6"]["ms_per_cycle"] - now["spec-5-1-6"]["ms_per_cycle"] > 1.0
+    for line in now.values():
+        lo, hi = line["ms_per_cycle_ci95"]
+        assert lo <= line["ms_per_cycle"] <= hi
+    assert now["spec-5-1-6"]["decode_steps_per_cycle"] == pytest.approx(
+        now["spec-5-1-6"]["ms_per_cycle"] / now["spec-5-1-6"]["decode_step_ms"], abs=1e-4
+    )
+    capsys.readouterr()
+    assert cycle_fit.main(argv) == 1  # the output exists: never overwritten
+    assert "never overwritten" in capsys.readouterr().err
