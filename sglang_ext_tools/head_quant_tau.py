@@ -3,15 +3,16 @@ bench: the accept length the fp8 head (``SGLANG_EXT_DRAFT_FP8_LM_HEAD``) would c
 
 The fp8 head saves 0.043 decode steps a 7/1/8 cycle in SGLang (2026-12-06, dummy weights,
 one H200); it pays only if τ holds. Its logits differ from bf16 ones by 4-5 % of the largest
-on random weights (``head_gemv_bench``), and what matters for τ is how often that moves a
-trained drafter's top token. This runs the reference chain loop (``reference.evaluate_tau``:
-the target's greedy text, the drafter proposing ``--steps`` tokens a cycle) twice on the same
-prompts: once with the drafter's head as loaded, once with the head's numerics as SGLang's
-online fp8 computes them (``Fp8Head``): the weight in e4m3 with one scale for the tensor, each
-token's activation in e4m3 with its own scale, the product accumulated in fp32. Both loops
-emit the target's greedy tokens, so the text is the same (checked); only the proposals can
-differ. The figure is fp8 τ ÷ reference τ, pooled over prompts (Σ(accepted + cycles) /
-Σ cycles each), with a 95 % interval from a bootstrap over prompts.
+on random weights with one weight scale (``head_gemv_bench``), and what matters for τ is how
+often that moves a trained drafter's top token. This runs the reference chain loop
+(``reference.evaluate_tau``: the target's greedy text, the drafter proposing ``--steps``
+tokens a cycle) twice on the same prompts: once with the drafter's head as loaded, once with
+the head's numerics as SGLang's online fp8 computes them (``Fp8Head``): the weight in e4m3
+with a scale per output row (one for the tensor with ``--weight-scale tensor``), each token's
+activation in e4m3 with its own scale, the product accumulated in fp32. Both loops emit the
+target's greedy tokens, so the text is the same (checked); only the proposals can differ.
+The figure is fp8 τ ÷ reference τ, pooled over prompts (Σ(accepted + cycles) / Σ cycles
+each), with a 95 % interval from a bootstrap over prompts.
 
     python -m sglang_ext_tools.head_quant_tau --target DIR --drafter DIR \\
         --prompts prompts.jsonl --out-json OUT.json [--num-prompts 32 --steps 5]
@@ -43,16 +44,18 @@ def quantize_e4m3(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 
 class Fp8Head(torch.nn.Module):
-    """An ``nn.Linear`` head computed as SGLang's online fp8 computes it: a per-tensor weight
-    scale fixed at load, a dynamic per-token activation scale, fp32 accumulation."""
+    """An ``nn.Linear`` head computed as SGLang's online fp8 computes it on Hopper: the weight
+    in e4m3 with a scale per output row (``Fp8LinearMethod.process_weights_after_loading``
+    quantises per channel where ``cutlass_fp8_supported()``; ``per_row=False``: one scale for
+    the tensor, its path elsewhere), a dynamic per-token activation scale, fp32 sums."""
 
-    def __init__(self, head: torch.nn.Linear):
+    def __init__(self, head: torch.nn.Linear, per_row: bool = True):
         super().__init__()
         if head.bias is not None:
             raise ValueError("lm_head has a bias; SGLang's drafter heads have none")
-        w = head.weight.detach()
-        self.out_dtype = w.dtype
-        self.weight_scale = (w.float().abs().max() / E4M3_MAX).clamp(min=1e-12)
+        w = head.weight.detach().float()
+        amax = w.abs().amax(dim=-1, keepdim=True) if per_row else w.abs().max()
+        self.weight_scale = (amax / E4M3_MAX).clamp(min=1e-12)
         self.register_buffer("weight_q", quantize_e4m3(w, self.weight_scale))
         self.out_features = head.out_features
 
@@ -115,7 +118,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with torch.no_grad():
         reference = loop()
         own = drafter.lm_head
-        drafter.lm_head = Fp8Head(own).to(args.device)
+        drafter.lm_head = Fp8Head(own, per_row=args.weight_scale == "row").to(args.device)
         try:
             fp8 = loop()
         finally:
@@ -132,7 +135,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "drafter": str(args.drafter),
         "head": {
             "shape": list(own.weight.shape),
-            "scheme": "e4m3, per-tensor weight scale, per-token activation scale, fp32 sum",
+            "scheme": f"e4m3, per-{args.weight_scale} weight scale, per-token activation "
+            "scale, fp32 sum",
         },
         "steps": args.steps,
         "max_new_tokens": args.max_new_tokens,
@@ -151,6 +155,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    p.add_argument(
+        "--weight-scale",
+        default="row",
+        choices=("row", "tensor"),
+        help="row: SGLang's online fp8 on Hopper (a scale per output row); tensor: one scale",
+    )
     p.add_argument("--out-json", type=Path, required=True)
     args = p.parse_args(argv)
     if args.out_json.exists():

@@ -27,16 +27,26 @@ def _head(out_features=96, in_features=64, seed=0):
 
 def test_the_fp8_head_multiplies_e4m3_values_and_stays_near_the_head():
     head = _head()
-    fp8 = hq.Fp8Head(head)
-    # already on the e4m3 grid of its scale: quantising again changes nothing
-    assert torch.equal(hq.quantize_e4m3(fp8.weight_q, fp8.weight_scale), fp8.weight_q)
-    w = fp8.weight_q / fp8.weight_scale
-    assert w.abs().max().item() == pytest.approx(hq.E4M3_MAX)  # one scale for the tensor
-    assert len(torch.unique(w.round(decimals=3))) <= 256  # an 8-bit format's values
+    with torch.no_grad():
+        head.weight[3] *= 50.0  # one loud row must not coarsen the others' grid
     x = torch.randn(5, 64)
-    exact, got = head(x), fp8(x)
-    err = (got - exact).abs().max() / exact.abs().max()
-    assert 0 < err < 0.08  # e4m3 keeps 3 mantissa bits: a few per cent, never exact
+    exact = head(x)
+    errors = {}
+    for per_row in (True, False):
+        fp8 = hq.Fp8Head(head, per_row=per_row)
+        # already on the e4m3 grid of its scales: quantising again changes nothing
+        assert torch.equal(hq.quantize_e4m3(fp8.weight_q, fp8.weight_scale), fp8.weight_q)
+        w = fp8.weight_q / fp8.weight_scale
+        row_max = w.abs().amax(dim=-1)
+        if per_row:  # SGLang's on Hopper: every row reaches the format's largest value
+            assert torch.allclose(row_max, torch.full_like(row_max, hq.E4M3_MAX))
+        else:  # one scale: only the loud row does
+            assert row_max.max().item() == pytest.approx(hq.E4M3_MAX) and row_max[0] < 100
+        quiet = [i for i in range(96) if i != 3]
+        got = fp8(x)
+        errors[per_row] = (got - exact)[:, quiet].abs().max() / exact[:, quiet].abs().max()
+    assert 0 < errors[True] < 0.08  # e4m3 keeps 3 mantissa bits: a few per cent, never exact
+    assert errors[True] < errors[False]  # a scale per row keeps the quiet rows' precision
 
 
 def test_each_token_gets_its_own_activation_scale():
@@ -94,12 +104,16 @@ def test_bad_paths_are_refused_before_anything_loads(tmp_path, capsys):
     assert "--target" in err and "no config.json" in err
 
 
-def test_the_committed_run_is_what_its_counts_give():
-    """2026-12-06, CPU, the seed-shape session's trained small MLA pair (8,192 × 384 head):
-    the figures of the committed file recomputed from its per-prompt counts."""
-    (path,) = RESULTS.glob("head-quant-tau-2026-12-06-*.json")
+@pytest.mark.parametrize("scale", ["per-row", "per-tensor"])
+def test_the_committed_runs_are_what_their_counts_give(scale):
+    """2026-12-06, CPU, the seed-shape session's trained small MLA pair (8,192 × 384 head),
+    the weight scaled per row (SGLang's on Hopper) and, first, per tensor: the figures of
+    each committed file recomputed from its per-prompt counts."""
+    suffix = "" if scale == "per-row" else "-per-tensor"
+    path = RESULTS / f"head-quant-tau-2026-12-06-cpu-mla-small{suffix}.json"
     result = json.loads(path.read_text())
     assert result["same_text"] is True
+    assert result["head"]["scheme"].startswith(f"e4m3, {scale} weight scale")
     again = hq.summarize(result["per_prompt"])
     for key in ("tau_reference", "tau_fp8_head", "ratio", "ratio_ci95", "prompts"):
         assert again[key] == result[key]
