@@ -75,6 +75,20 @@ def summarize(times_us: dict[str, list[float]]) -> dict[str, Any]:
     return out
 
 
+def e4m3_scale(x, dim: int | None = None):
+    """The fp32 scale that maps x's largest magnitude (along ``dim``, kept; over the whole
+    tensor for None) to e4m3's largest value."""
+    amax = x.abs().amax() if dim is None else x.abs().amax(dim=dim, keepdim=True)
+    return (amax.float() / FP8_MAX).clamp(min=1e-12)
+
+
+def to_e4m3(x, scale):
+    """x / scale in e4m3, saturated: what an fp8 GEMM reads."""
+    import torch
+
+    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+
+
 def bytes_read(n: int, k: int) -> dict[str, int]:
     return {"bf16": 2 * n * k, "fp8": n * k}
 
@@ -91,17 +105,17 @@ def measure(n: int, k: int, reps: int, samples: int) -> dict[str, Any]:  # pragm
     # (Fp8LinearMethod.process_weights_after_loading where cutlass_fp8_supported(); the runs of
     # 2026-12-06 used one scale for the tensor, which leaves the timings alone and overstates
     # the logit error)
-    w_scale = (w.abs().amax(dim=1, keepdim=True).float() / FP8_MAX).clamp(min=1e-12)
-    wq = (w.float() / w_scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    w_scale = e4m3_scale(w, dim=1)
+    wq = to_e4m3(w, w_scale)
     # row-wise scales as torch._scaled_mm takes them: (M, 1) for the activation, (1, N) for
     # the weight
     w_scale_row = w_scale.reshape(1, n).contiguous()
-    t_scale = (w.abs().amax().float() / FP8_MAX).clamp(min=1e-12)
-    wq_tensor = (w.float() / t_scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    t_scale = e4m3_scale(w)
+    wq_tensor = to_e4m3(w, t_scale)
 
     def quant(a):
-        s = (a.abs().amax(dim=-1, keepdim=True).float() / FP8_MAX).clamp(min=1e-12)
-        return (a.float() / s).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), s
+        s = e4m3_scale(a, dim=-1)
+        return to_e4m3(a, s), s
 
     xq, x_scale = quant(x)
     mm = torch._scaled_mm

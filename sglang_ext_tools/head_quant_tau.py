@@ -32,15 +32,13 @@ from typing import Any
 import torch
 
 from sglang_ext_tools import reference as ref
+from sglang_ext_tools.head_gemv_bench import e4m3_scale, to_e4m3
 from sglang_ext_tools.stats import bootstrap_ci
-
-E4M3_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
 
 
 def quantize_e4m3(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """x / scale rounded to e4m3 (saturated) and back: the values an fp8 GEMM multiplies."""
-    q = (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
-    return q.float() * scale
+    return to_e4m3(x, scale).float() * scale
 
 
 class Fp8Head(torch.nn.Module):
@@ -54,13 +52,12 @@ class Fp8Head(torch.nn.Module):
         if head.bias is not None:
             raise ValueError("lm_head has a bias; SGLang's drafter heads have none")
         w = head.weight.detach().float()
-        amax = w.abs().amax(dim=-1, keepdim=True) if per_row else w.abs().max()
-        self.weight_scale = (amax / E4M3_MAX).clamp(min=1e-12)
+        self.weight_scale = e4m3_scale(w, dim=-1 if per_row else None)
         self.register_buffer("weight_q", quantize_e4m3(w, self.weight_scale))
         self.out_features = head.out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        scale = (x.float().abs().amax(dim=-1, keepdim=True) / E4M3_MAX).clamp(min=1e-12)
+        scale = e4m3_scale(x, dim=-1)
         return (quantize_e4m3(x, scale) @ self.weight_q.t()).to(x.dtype)
 
 
