@@ -123,7 +123,7 @@ def with_verify(
 ) -> list[dict[str, Any]]:
     """The measurements, those of ``servers`` given per-request verify counts from the
     acceptance records (``read_records``, ``attach_verify``) where they carry none."""
-    out = [dict(m) for m in measurements]
+    out = list(measurements)  # attach_verify builds new dicts; the caller's stay as they are
     if records is None:
         return out
     for server in servers:
@@ -164,6 +164,20 @@ def _pooled(by_prompt: Mapping[int, Sequence[Point]], prompts: Sequence[int]) ->
     return [p for i in prompts for p in by_prompt[i]]
 
 
+def _part_ms(
+    by_prompt: Mapping[int, Sequence[Point]], prompts: Sequence[int], part: int
+) -> float | None:
+    """A bootstrap draw's refit: ms per cycle (part 0) or per request (part 1); None for a
+    draw whose prompts all share one cycle count (no line fits it; the draw counts as 0)."""
+    line = fit(_pooled(by_prompt, prompts))
+    return 1000 * line[part] if line else None
+
+
+def in_decode_steps(ms: float, ci: Sequence[float] | None, step_ms: float) -> tuple[float, Any]:
+    """A figure in ms and its interval, in decode steps of ``step_ms``."""
+    return round(ms / step_ms, 4), [round(x / step_ms, 4) for x in ci] if ci else None
+
+
 def _summary(points: Sequence[Point]) -> dict[str, Any] | None:
     line = fit(points)
     if line is None:
@@ -191,10 +205,8 @@ def compare(
         return None
 
     def difference(sample: Sequence[int], part: int) -> float:
-        fa, fb = fit(_pooled(plain, sample)), fit(_pooled(variant, sample))
-        if fa is None or fb is None:  # a draw whose prompts share one cycle count
-            return 0.0
-        return 1000 * (fb[part] - fa[part])
+        a, b = _part_ms(plain, sample, part), _part_ms(variant, sample, part)
+        return 0.0 if a is None or b is None else b - a
 
     return {
         "plain": a,
@@ -222,8 +234,7 @@ def server_line(
         return got
 
     def slope(sample: Sequence[int]) -> float:
-        line = fit(_pooled(by_prompt, sample))
-        return 1000 * line[0] if line else 0.0  # a draw whose prompts share one count
+        return _part_ms(by_prompt, sample, 0) or 0.0
 
     return {**got, "ms_per_cycle_ci95": bootstrap_ci(prompts, slope, draws, seed)}
 
@@ -234,11 +245,12 @@ def servers(bench: Mapping[str, Any], records: Path | None = None) -> dict[str, 
     no verify counts of its own and no records (stock SGLang writes none) is listed with the
     reason instead."""
     rows = [r for r in bench.get("rows", []) if r.get("batch") == 1 and r.get("server")]
+    measurements = list(bench.get("measurements", []))
     out: dict[str, Any] = {}
     for row in rows:
         name = row["server"]
         try:
-            measurements = with_verify(bench.get("measurements", []), [name], records)
+            measurements = with_verify(measurements, [name], records)
         except FileNotFoundError as e:
             out[name] = {"skipped": str(e)}
             continue
@@ -248,10 +260,10 @@ def servers(bench: Mapping[str, Any], records: Path | None = None) -> dict[str, 
             continue
         step = row.get("nospec_tpot_ms")
         if step:
-            ci = line.get("ms_per_cycle_ci95")
             line["decode_step_ms"] = step
-            line["decode_steps_per_cycle"] = round(line["ms_per_cycle"] / step, 4)
-            line["decode_steps_per_cycle_ci95"] = [round(x / step, 4) for x in ci] if ci else None
+            line["decode_steps_per_cycle"], line["decode_steps_per_cycle_ci95"] = in_decode_steps(
+                line["ms_per_cycle"], line.get("ms_per_cycle_ci95"), step
+            )
         out[name] = {"setting": [row.get("steps"), row.get("topk"), row.get("draft_tokens")],
                      **line}  # fmt: skip
     return out

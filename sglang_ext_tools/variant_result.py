@@ -125,12 +125,14 @@ def per_cycle(
     if got is None:
         return None
     if step_ms:
-        diff = got["variant_minus_plain_ms_per_cycle"]
-        ci = got["variant_minus_plain_ms_per_cycle_ci95"]
         got["decode_step_ms"] = step_ms
-        got["variant_minus_plain_decode_steps"] = round(diff / step_ms, 4)
-        got["variant_minus_plain_decode_steps_ci95"] = (
-            [round(x / step_ms, 4) for x in ci] if ci else None
+        (
+            got["variant_minus_plain_decode_steps"],
+            got["variant_minus_plain_decode_steps_ci95"],
+        ) = cycle_fit.in_decode_steps(
+            got["variant_minus_plain_ms_per_cycle"],
+            got["variant_minus_plain_ms_per_cycle_ci95"],
+            step_ms,
         )
     return got
 
@@ -140,6 +142,8 @@ def compare(bench: dict, records: Path | None = None) -> list[dict[str, Any]]:
     ``records``: the run's acceptance records, for a file without per-request verify counts."""
     agg = bench_speed.aggregate(bench.get("measurements", []))
     cycles = _cycles(bench)
+    # each server's verify counts aligned once, however many variants share it as their plain
+    measurements = list(bench.get("measurements", []))
     out = []
     for row in bench.get("rows", []):
         plain_name = row.get("vs_setting_server")
@@ -153,10 +157,9 @@ def compare(bench: dict, records: Path | None = None) -> list[dict[str, Any]]:
             continue
         c_plain, c_variant = cycles.get(plain_name), cycles.get(row["server"])
         rounds = sorted(plain["tok_s_rounds"])
+        measurements = cycle_fit.with_verify(measurements, [plain_name, row["server"]], records)
         split = per_cycle(
-            cycle_fit.with_verify(
-                bench.get("measurements", []), [plain_name, row["server"]], records
-            ),
+            measurements,
             plain_name,
             row["server"],
             rounds,
