@@ -31,6 +31,11 @@ def load_trace(path: str | Path) -> dict[str, Any]:
         return json.load(fh)
 
 
+def _interval(kernel: Mapping[str, Any]) -> tuple[float, float]:
+    """A kernel's (start, end) in the trace's µs."""
+    return kernel["ts"], kernel["ts"] + kernel.get("dur", 0)
+
+
 def _union_us(intervals: Iterable[tuple[float, float]]) -> float:
     total, end = 0.0, None
     start = None
@@ -116,7 +121,7 @@ def breakdown(trace: Mapping[str, Any] | Graphs) -> dict[str, Any]:
     window_start = min(k["ts"] for k in kernels)
     window_end = max(k["ts"] + k.get("dur", 0) for k in kernels)
     window = window_end - window_start
-    busy = _union_us((k["ts"], k["ts"] + k.get("dur", 0)) for k in kernels)
+    busy = _union_us(map(_interval, kernels))
     cycles = len(target)
 
     def per_cycle(us: float) -> float | None:
@@ -220,18 +225,20 @@ def top_kernels(trace: Mapping[str, Any] | Graphs, n: int = 6) -> dict[str, list
     """The costliest kernels per cycle in the target graphs and in the drafter graphs: time
     (µs) and launches per cycle."""
     cycles, classes = _graph_classes(trace)
-    out = {}
-    for cls, kernels in classes:
-        bucket = tally(kernels, lambda k: k["name"])
-        out[cls] = [
-            {
-                "kernel": name[:80],
-                "us_per_cycle": round(us / cycles, 1),
-                "calls_per_cycle": round(calls / cycles, 2),
-            }
-            for name, (calls, us) in sorted(bucket.items(), key=lambda kv: -kv[1][1])[:n]
-        ]
-    return out
+    return {cls: _costliest(kernels, cycles, n) for cls, kernels in classes}
+
+
+def _costliest(kernels: Iterable[Mapping[str, Any]], cycles: int, n: int) -> list[dict[str, Any]]:
+    """The n kernels (by name) with the most time: time (µs) and launches per cycle."""
+    bucket = tally(kernels, lambda k: k["name"])
+    return [
+        {
+            "kernel": name[:80],
+            "us_per_cycle": round(us / cycles, 1),
+            "calls_per_cycle": round(calls / cycles, 2),
+        }
+        for name, (calls, us) in sorted(bucket.items(), key=lambda kv: -kv[1][1])[:n]
+    ]
 
 
 # Kernel families whose count says which attention path ran: FA3's kernels (sgl_kernel's
@@ -313,12 +320,12 @@ def graph_streams(trace: Mapping[str, Any] | Graphs, n: int = 3) -> dict[str, An
     a launch's first kernel start to its last kernel end (what the launch costs the cycle);
     ``busy``, the time some kernel of it ran; ``overlap``, the per-stream busy times summed
     less ``busy`` (time two streams ran at once); and per stream its busy time, its kernels'
-    summed time and its costliest kernels. A graph whose model runs a second stream (SGLang's
-    DeepSeek layers put the shared expert there) has kernels that overlap, and a kernel's
-    recorded time then includes waiting for SMs the other stream holds: summed kernel times
-    (``breakdown``'s ``target_graph_kernels``) count both. 2026-12-03, the seed's rank
-    shape: 12.6 ms of target-graph kernels summed in an 8.5 ms decode step. None without a
-    target graph."""
+    summed time and its costliest kernels (as ``top_kernels`` gives them). A graph whose model
+    runs a second stream (SGLang's DeepSeek layers put the shared expert there) has kernels
+    that overlap, and a kernel's recorded time then includes waiting for SMs the other stream
+    holds: summed kernel times (``breakdown``'s ``target_graph_kernels``) count both.
+    2026-12-03, the seed's rank shape: 12.6 ms of target-graph kernels summed in an 8.5 ms
+    decode step. None without a target graph."""
     _, target, _, _ = group_kernels(trace)
     if not target:
         return None
@@ -326,7 +333,7 @@ def graph_streams(trace: Mapping[str, Any] | Graphs, n: int = 3) -> dict[str, An
     streams: dict[Any, list[Mapping[str, Any]]] = {}
     stream_busy: dict[Any, float] = {}
     for group in target:
-        intervals = [(k["ts"], k["ts"] + k.get("dur", 0)) for k in group]
+        intervals = [_interval(k) for k in group]
         span += max(b for _, b in intervals) - min(a for a, _ in intervals)
         busy += _union_us(intervals)
         own: dict[Any, list[Mapping[str, Any]]] = {}
@@ -334,9 +341,7 @@ def graph_streams(trace: Mapping[str, Any] | Graphs, n: int = 3) -> dict[str, An
             own.setdefault(_stream(k), []).append(k)
         for stream, kernels in own.items():
             streams.setdefault(stream, []).extend(kernels)
-            stream_busy[stream] = stream_busy.get(stream, 0.0) + _union_us(
-                (k["ts"], k["ts"] + k.get("dur", 0)) for k in kernels
-            )
+            stream_busy[stream] = stream_busy.get(stream, 0.0) + _union_us(map(_interval, kernels))
     cycles = len(target)
 
     def ms(us: float) -> float:
@@ -351,12 +356,7 @@ def graph_streams(trace: Mapping[str, Any] | Graphs, n: int = 3) -> dict[str, An
                 "busy_ms": ms(stream_busy[stream]),
                 "kernel_ms": ms(_gpu_us(kernels)),
                 "kernels_per_cycle": round(len(kernels) / cycles, 2),
-                "top": [
-                    {"kernel": name[:80], "us_per_cycle": round(us / cycles, 1)}
-                    for name, (_, us) in sorted(
-                        tally(kernels, lambda k: k["name"]).items(), key=lambda kv: -kv[1][1]
-                    )[:n]
-                ],
+                "top": _costliest(kernels, cycles, n),
             }
             for stream, kernels in sorted(streams.items(), key=lambda kv: -stream_busy[kv[0]])
         },

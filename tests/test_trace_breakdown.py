@@ -256,7 +256,9 @@ def test_graph_streams_give_the_span_not_the_summed_kernels():
     main, side = out["streams"]["7"], out["streams"]["9"]
     assert main["busy_ms"] == pytest.approx(0.2) and main["kernels_per_cycle"] == 39
     assert side["kernel_ms"] == pytest.approx(0.1)
-    assert side["top"] == [{"kernel": "shared_expert", "us_per_cycle": 100.0}]
+    assert side["top"] == [
+        {"kernel": "shared_expert", "us_per_cycle": 100.0, "calls_per_cycle": 1.0}
+    ]
     assert [k["kernel"] for k in main["top"]] == ["moe", "attn"]
     # the summed kernel time counts the overlapped 0.1 ms twice
     assert breakdown(_two_stream_trace())["per_cycle_ms"]["target_graph_kernels"] == (
