@@ -507,11 +507,18 @@ speed-pipeline)
         speed_fixtures --stage widen-target >"$SPEED/widen-target.log" 2>&1 &
         p0=$!
         # SPEED_DRAFTER_STEPS_SCALE=2: the drafters trained twice as long (~+184 s on the
-        # H200; recipe_check drafter-steps, CPU: 3x the steps gave 1.15x the tau)
-        dsteps=(--drafter-steps-scale "${SPEED_DRAFTER_STEPS_SCALE:-1}")
-        speed_fixtures --stage drafter --nbr true "${dsteps[@]}" >"$SPEED/drafter-true.log" 2>&1 &
+        # H200; recipe_check drafter-steps, CPU: 3x the steps gave 1.15x the tau).
+        # SPEED_DRAFTER_STEPS_SCALE_TRUE / _FALSE set one drafter's alone: one drafter
+        # trained longer than the other on the same target is an A/B of the steps in one
+        # run (a retrained target moves tau by up to 0.5 from one session to the next)
+        all_scale=${SPEED_DRAFTER_STEPS_SCALE:-1}
+        speed_fixtures --stage drafter --nbr true \
+            --drafter-steps-scale "${SPEED_DRAFTER_STEPS_SCALE_TRUE:-$all_scale}" \
+            >"$SPEED/drafter-true.log" 2>&1 &
         p1=$!
-        speed_fixtures --stage drafter --nbr false "${dsteps[@]}" >"$SPEED/drafter-false.log" 2>&1 &
+        speed_fixtures --stage drafter --nbr false \
+            --drafter-steps-scale "${SPEED_DRAFTER_STEPS_SCALE_FALSE:-$all_scale}" \
+            >"$SPEED/drafter-false.log" 2>&1 &
         p2=$!
         if wait "$p0" && wait "$p1" && wait "$p2" && speed_fixtures --stage widen-drafters; then
             ok=1
