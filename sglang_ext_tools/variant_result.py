@@ -21,6 +21,10 @@ and group. Measured figures are read from the run's JSON, derived ones computed 
 
     python -m sglang_ext_tools.variant_result --bench B.json --tune-moe T.json \\
         --earlier E1.json,T1.json E2.json,T2.json --predict bn64@5,1,6=0.10:0.24 --out OUT.json
+
+``--predict fp8head@7,1,8/fp8long=0.04:0.06`` reads the variant against another variant of
+its setting (here the fp8 drafter with a bf16 head) instead of its plain twin, and adds that
+pair to ``variants``.
 """
 
 from __future__ import annotations
@@ -137,18 +141,34 @@ def per_cycle(
     return got
 
 
-def compare(bench: dict, records: Path | None = None) -> list[dict[str, Any]]:
-    """Every variant row of the run against its plain twin (bench_speed's vs_setting_server);
-    ``records``: the run's acceptance records, for a file without per-request verify counts."""
+def pairs(bench: dict, against: list[tuple[str, str]] = ()) -> list[tuple[dict, str]]:
+    """(variant row, plain server name): every batch-1 variant row with its plain twin
+    (bench_speed's vs_setting_server), then each (variant, other server) of ``against``: a
+    variant read against another variant of its group (the fp8 head against the fp8 drafter
+    whose head stays bf16)."""
+    rows = [r for r in bench.get("rows", []) if r.get("batch") == 1]
+    out = [(r, r["vs_setting_server"]) for r in rows if r.get("vs_setting_server")]
+    by_server = {r.get("server"): r for r in rows}
+    for variant, plain in against:
+        if variant not in by_server or plain not in by_server:
+            missing = variant if variant not in by_server else plain
+            raise KeyError(f"no batch-1 row for server {missing!r} in the bench file")
+        if (by_server[variant], plain) not in out:
+            out.append((by_server[variant], plain))
+    return out
+
+
+def compare(
+    bench: dict, records: Path | None = None, against: list[tuple[str, str]] = ()
+) -> list[dict[str, Any]]:
+    """Every pair of ``pairs`` (variant against plain); ``records``: the run's acceptance
+    records, for a file without per-request verify counts."""
     agg = bench_speed.aggregate(bench.get("measurements", []))
     cycles = _cycles(bench)
     # each server's verify counts aligned once, however many variants share it as their plain
     measurements = list(bench.get("measurements", []))
     out = []
-    for row in bench.get("rows", []):
-        plain_name = row.get("vs_setting_server")
-        if row.get("batch") != 1 or not plain_name:
-            continue
+    for row, plain_name in pairs(bench, against):
         plain_row = next((r for r in bench["rows"] if r.get("server") == plain_name), {})
         plain, variant = bench_speed.common_rounds(
             agg.get((plain_name, 1)), agg.get((row["server"], 1))
@@ -193,20 +213,23 @@ def compare(bench: dict, records: Path | None = None) -> list[dict[str, Any]]:
     return out
 
 
-def parse_prediction(text: str) -> tuple[str, float, float]:
-    """LABEL@S,K,D=LOW:HIGH -> (variant server name, low, high): a registered range for the
-    plain server's decode cycle less the variant's."""
+def parse_prediction(text: str) -> tuple[str, str | None, float, float]:
+    """LABEL@S,K,D[/BASE]=LOW:HIGH -> (variant server, plain server or None, low, high): a
+    registered range for the plain server's decode cycle less the variant's. Without BASE
+    the plain server is the variant's twin; with it, the variant BASE of the same setting
+    (``fp8head@7,1,8/fp8long=0.04:0.06``)."""
     try:
         name, bounds = text.split("=", 1)
         label, setting = name.split("@", 1)
+        setting, _, base = setting.partition("/")
         low, high = (float(x) for x in bounds.split(":", 1))
-        server = f"spec-{setting.replace(',', '-')}-{label}"
+        prefix = f"spec-{setting.replace(',', '-')}"
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"--predict {text!r}: expected LABEL@STEPS,TOPK,DRAFT=LOW:HIGH "
-            "(e.g. bn64@5,1,6=0.10:0.24)"
+            f"--predict {text!r}: expected LABEL@STEPS,TOPK,DRAFT[/BASE]=LOW:HIGH "
+            "(e.g. bn64@5,1,6=0.10:0.24, fp8head@7,1,8/fp8long=0.04:0.06)"
         ) from None
-    return server, low, high
+    return f"{prefix}-{label}", (f"{prefix}-{base}" if base else None), low, high
 
 
 def build(
@@ -217,14 +240,20 @@ def build(
     paths: dict[str, Any],
     records: Path | None = None,
 ) -> dict[str, Any]:
-    variants = compare(bench, records)
-    by_name = {v["variant"]: v for v in variants}
+    against = [(server, base) for server, base, _, _ in predictions if base]
+    variants = compare(bench, records, against)
+    twins = {r.get("server"): r.get("vs_setting_server") for r in bench.get("rows", [])}
+    by_pair = {(v["variant"], v["plain"]): v for v in variants}
     checked = []
-    for server, low, high in predictions:
-        got = (by_name.get(server) or {}).get("decode_cycle", {}).get("plain_minus_variant")
+    for server, base, low, high in predictions:
+        plain = base or twins.get(server)
+        got = (by_pair.get((server, plain)) or {}).get("decode_cycle", {})
+        got = got.get("plain_minus_variant")
         checked.append(
             {
                 "variant": server,
+                # named where it is not the twin (files built before it stay as they were)
+                **({"plain": plain} if base else {}),
                 "plain_minus_variant_registered": [low, high],
                 "measured": got,
                 "met": None if got is None else low <= got <= high,
@@ -293,6 +322,9 @@ def main(argv=None) -> int:
         )
     except (OSError, tarfile.TarError, cycle_fit.AlignmentError) as e:
         print(f"error: {args.acceptance}: {e}", file=sys.stderr)
+        return 1
+    except KeyError as e:
+        print(f"error: {args.bench}: --predict: {e.args[0]}", file=sys.stderr)
         return 1
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({k: result[k] for k in ("variants", "predictions")}, indent=1))

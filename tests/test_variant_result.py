@@ -101,8 +101,57 @@ def test_a_prediction_is_held_against_the_cycle_difference():
 
 
 def test_a_malformed_prediction_is_refused_by_its_expected_form():
-    with pytest.raises(argparse.ArgumentTypeError, match="LABEL@STEPS,TOPK,DRAFT=LOW:HIGH"):
+    with pytest.raises(argparse.ArgumentTypeError, match=r"LABEL@STEPS,TOPK,DRAFT\[/BASE\]"):
         vr.parse_prediction("bn64=0.1")
+
+
+def _three(head_scale: float) -> dict:
+    """A plain server and two variants of it: ``long`` 0.9 of its decode times, ``head``
+    ``head_scale`` of those."""
+    bench = _bench(0.9)
+    for m in bench["measurements"]:
+        m["server"] = m["server"].replace("bn64", "long")
+    head = [
+        {**m, "server": "spec-5-1-6-head",
+         "decode_s": [d * head_scale for d in m["decode_s"]],
+         "latency_s": [d * head_scale + 0.2 for d in m["decode_s"]]}
+        for m in bench["measurements"] if m["server"] == "spec-5-1-6-long"
+    ]  # fmt: skip
+    bench["measurements"] += head
+    long_row = bench["rows"][1]
+    long_row["server"] = "spec-5-1-6-long"
+    bench["rows"].append(
+        {**long_row, "server": "spec-5-1-6-head",
+         "decode_cycle_cost": round(long_row["decode_cycle_cost"] * head_scale, 4)}
+    )  # fmt: skip
+    return bench
+
+
+def test_a_variant_is_read_against_another_variant_of_its_setting():
+    """fp8head@7,1,8/fp8long: the head's cut against the fp8 drafter whose head stays bf16,
+    not against the bf16 twin (which would count the layers' fp8 too)."""
+    server, base, low, high = vr.parse_prediction("head@5,1,6/long=0.04:0.06")
+    assert (server, base) == ("spec-5-1-6-head", "spec-5-1-6-long")
+    result = vr.build(_three(0.96), None, [], [(server, base, low, high)], {})
+    pairs = {(v["variant"], v["plain"]) for v in result["variants"]}
+    assert pairs == {("spec-5-1-6-long", "spec-5-1-6"), ("spec-5-1-6-head", "spec-5-1-6"),
+                     ("spec-5-1-6-head", "spec-5-1-6-long")}  # fmt: skip
+    (check,) = result["predictions"]
+    assert check["plain"] == "spec-5-1-6-long"
+    # 1.17 x 0.04: against the twin it would read 1.30 - 1.1232 = 0.177
+    assert check["measured"] == pytest.approx(0.0468, abs=1e-4) and check["met"] is True
+    head = next(v for v in result["variants"] if v["plain"] == "spec-5-1-6-long")
+    assert head["decode"]["ratio"] == pytest.approx(1 / 0.96, abs=1e-4)
+
+
+def test_a_prediction_against_a_server_the_run_lacks_is_refused_by_name(tmp_path, capsys):
+    bench = tmp_path / "b.json"
+    bench.write_text(json.dumps(_three(0.96)))
+    out = tmp_path / "out.json"
+    argv = ["--bench", str(bench), "--predict", "head@5,1,6/fp8long=0.04:0.06",
+            "--out", str(out)]  # fmt: skip
+    assert vr.main(argv) == 1
+    assert "'spec-5-1-6-fp8long'" in capsys.readouterr().err and not out.exists()
 
 
 def test_an_existing_output_is_never_overwritten(tmp_path):
@@ -135,3 +184,18 @@ def test_the_bn64_run_is_what_its_sources_give_and_block_n_64_did_not_pay(tmp_pa
     assert fifth["decode_cycle"]["spec-5-1-6"] - this["decode_cycle"]["spec-5-1-6"] > 0.1
     # 3/1/4 held still between the two runs
     assert abs(fifth["decode_cycle"]["spec-3-1-4"] - this["decode_cycle"]["spec-3-1-4"]) < 0.02
+
+
+def test_the_fp8_head_run_is_what_its_sources_give(tmp_path):
+    """2026-12-06, one H100, trained 8B-shaped drafter: the fp8 head against the fp8 drafter
+    whose head stays bf16, registered 0.04-0.06 decode steps a 7/1/8 cycle; at 3/1/4 (layer
+    and head in fp8) against bf16, registered 0.02-0.06. Both held."""
+    h100 = RESULTS / "speed-2026-12-06-nvidia-h100-sglang0.5.23.json"
+    out = tmp_path / "variants.json"
+    argv = ["--bench", str(h100), "--predict", "fp8head@7,1,8/fp8long=0.04:0.06",
+            "--predict", "fp8head@3,1,4=0.02:0.06", "--out", str(out)]  # fmt: skip
+    assert vr.main(argv) == 0
+    built = json.loads(out.read_text())
+    committed = RESULTS / "speed-variants-2026-12-06-nvidia-h100-sglang0.5.23.json"
+    assert built == json.loads(committed.read_text())
+    assert [p["met"] for p in built["predictions"]] == [True, True]
