@@ -503,6 +503,10 @@ speed-pipeline)
     if [ -f /tmp/ferry/speed-fixtures.tar/manifest.json ] && bash node/gpu_node.sh speed-unpack
     then
         ok=1
+    elif [ -n "${SPEED_RESUME_STEPS_SCALE:-}" ]; then
+        # a run asked to continue the carried drafter measures nothing else in its place
+        echo "fixtures: SPEED_RESUME_STEPS_SCALE is set but the carried bundle did not" \
+            "unpack and train on (above); no fresh fixtures instead"
     elif rm -f "$SPEED/cache.json" && speed_fixtures --stage base; then
         speed_fixtures --stage widen-target >"$SPEED/widen-target.log" 2>&1 &
         p0=$!
@@ -878,12 +882,29 @@ speed-pack)
     ;;
 speed-unpack)
     # The carried bundle (/tmp/ferry/speed-fixtures.tar, see speed-pack) into $SPEED, then
-    # the widen stages on it; speed-pipeline runs it when the bundle is there
+    # the widen stages on it; speed-pipeline runs it when the bundle is there.
+    # SPEED_RESUME_STEPS_SCALE=N: the carried nbr=true drafter trains on for N x the
+    # recipe's steps first (its text again from the carried target: drafter-data), on the
+    # same target, so it is compared with the carried nbr=false drafter and with earlier
+    # sessions' figures of that target; the new small models are packed for the next session
     recv_bundle speed speed-fixtures.tar "$SPEED"
-    echo "fixtures: the carried bundle's trained small models, widened again"
-    for stage in widen-target widen-drafters; do
-        speed_fixtures --stage "$stage" ${SPEED_SCALE:+--scale "$SPEED_SCALE"}
-    done
+    scale_args=(${SPEED_SCALE:+--scale "$SPEED_SCALE"})
+    if [ -n "${SPEED_RESUME_STEPS_SCALE:-}" ]; then
+        echo "fixtures: the carried drafter nbr=true trained on for ${SPEED_RESUME_STEPS_SCALE}x the recipe's steps"
+        speed_fixtures --stage drafter-data "${scale_args[@]}"
+        speed_fixtures --stage widen-target "${scale_args[@]}" >"$SPEED/widen-target.log" 2>&1 &
+        p0=$!
+        speed_fixtures --stage drafter --nbr true --resume "${scale_args[@]}" \
+            --drafter-steps-scale "$SPEED_RESUME_STEPS_SCALE" >"$SPEED/drafter-true.log" 2>&1
+        wait "$p0"
+        speed_fixtures --stage widen-drafters "${scale_args[@]}"
+        prepare_bundle speed "$SPEED" speed-fixtures.tar >"$SPEED/pack.log" 2>&1 &
+    else
+        echo "fixtures: the carried bundle's trained small models, widened again"
+        for stage in widen-target widen-drafters; do
+            speed_fixtures --stage "$stage" "${scale_args[@]}"
+        done
+    fi
     ;;
 seed-pack)
     # The trained small MLA target and drafter back to this machine for the next session,

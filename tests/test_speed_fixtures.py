@@ -298,3 +298,77 @@ def test_drafter_steps_scale_trains_the_drafters_longer():
     assert msf_.with_drafter_steps(full, 1.0) is full
     tiny = msf_.SCALES["tiny"]
     assert msf_.with_drafter_steps(tiny, 3.0).drafter_train["time_cap"] is None
+
+
+def test_a_carried_drafter_trains_on_from_where_it_stopped(speed_fixtures, tmp_path):
+    """A bundle carries only the held-out text; drafter-data makes the training text again
+    (checked against the counts the base stage recorded) and --resume continues the carried
+    drafter: it starts from its trained weights, keeps the earlier one beside it, and its
+    record counts every step it has had."""
+    from safetensors.torch import load_file
+
+    from sglang_ext_tools.fixtures import cache
+
+    module = importlib.import_module("sglang_ext_tools.fixtures.make_speed_fixtures")
+    out, stages = speed_fixtures
+    bundle = tmp_path / "speed-fixtures.tar"
+    cache.pack(out, bundle)
+    again = tmp_path / "again"
+    cache.unpack(bundle, again)
+
+    def run(*argv):
+        return module.main([*argv, "--scale", "tiny", "--device", "cpu", "--out", str(again)])
+
+    assert run("--stage", "drafter-data") == 0
+    data = json.loads((again / "stage-drafter-data.json").read_text())
+    assert data["heldout_continuations_reproduced"] == 1.0  # fp32 on CPU: the same text
+    for name in ("streams.pt", "distill.pt"):  # the training text as the base stage made it
+        a, b = torch.load(out / name), torch.load(again / name)
+        assert all(torch.equal(a[k], b[k]) for k in ("train", "heldout")), name
+
+    first = stages["drafter-nbr-true"]["small_drafter_nbr-true"]
+    steps = first["train"]["steps_done"]
+    assert run("--stage", "drafter", "--nbr", "true", "--resume", "--drafter-steps-scale", "2") == 0
+    record = json.loads((again / "stage-drafter-nbr-true.json").read_text())
+    resumed = record["small_drafter_nbr-true"]
+    assert resumed["resumed_from"]["steps_total"] == steps
+    assert resumed["resumed_from"]["reference_tau"] == first["reference"]["tau"]
+    assert resumed["steps_total"] == steps + resumed["train"]["steps_done"] == 3 * steps
+    # it started where the carried drafter stopped, not from a fresh initialisation
+    assert resumed["train"]["first_loss"] < 0.5 * first["train"]["first_loss"]
+    kept = again / f"small-drafter-nbr-true-steps{steps}"
+    a = load_file(str(out / "small-drafter-nbr-true" / "model.safetensors"))
+    b = load_file(str(kept / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)  # the earlier drafter, kept as it was
+
+    # a second session continues the continued one; its record nests the first
+    assert run("--stage", "drafter", "--nbr", "true", "--resume") == 0
+    twice = json.loads((again / "stage-drafter-nbr-true.json").read_text())
+    twice = twice["small_drafter_nbr-true"]
+    assert twice["resumed_from"]["steps_total"] == 3 * steps
+    assert twice["resumed_from"]["resumed_from"]["steps_total"] == steps
+    assert twice["steps_total"] == 4 * steps
+    # the pipeline then widens the continued drafter, as it widens a carried one
+    assert run("--stage", "widen-target") == 0 and run("--stage", "widen-drafters") == 0
+
+
+def test_training_text_from_another_corpus_is_refused_by_field(speed_fixtures, tmp_path):
+    from sglang_ext_tools.fixtures import cache
+
+    module = importlib.import_module("sglang_ext_tools.fixtures.make_speed_fixtures")
+    out, _ = speed_fixtures
+    bundle = tmp_path / "b.tar"
+    cache.pack(out, bundle)
+    again = tmp_path / "again"
+    cache.unpack(bundle, again)
+    base = json.loads((again / "stage-base.json").read_text())
+    base["data"]["train_tokens"] += 1
+    (again / "stage-base.json").write_text(json.dumps(base))
+    argv = ["--scale", "tiny", "--device", "cpu", "--out", str(again)]
+    with pytest.raises(SystemExit, match="data.train_tokens .* not the text the carried"):
+        module.main(["--stage", "drafter-data", *argv])
+    with pytest.raises(SystemExit, match="2"):  # argparse: --resume belongs to one stage
+        module.main(["--stage", "widen-drafters", "--resume", *argv])
+    (again / "small-drafter-nbr-true-steps10").mkdir()
+    with pytest.raises(SystemExit, match="never overwritten"):
+        module.main(["--stage", "drafter", "--nbr", "true", "--resume", *argv])
