@@ -242,8 +242,9 @@ def test_drafter_steps_arm_trains_only_the_drafter_longer(monkeypatch, tmp_path)
     assert (base.drafter_steps(400), cand.drafter_steps(400)) == (400, 1200)
     seen = {}
 
-    def fake_drafter(scratch, scale, model, nbr, seed, out_name):
+    def fake_drafter(scratch, scale, model, nbr, seed, out_name, init_from):
         seen[out_name] = scale.drafter_train["steps"]
+        assert init_from is None  # both arms start fresh
         return None, {"train": {"last_loss": 1.0}}
 
     monkeypatch.setattr(rc.msf, "_random_windows", lambda *a: [])
@@ -258,6 +259,43 @@ def test_drafter_steps_arm_trains_only_the_drafter_longer(monkeypatch, tmp_path)
     for recipe in (base, cand):
         rc.distilled(args, recipe, target, shared, 11)
     assert seen == {"drafter-stdlib-seed11": 400, "drafter-stdlib-drafter-x3-seed11": 1200}
+
+
+def test_drafter_resume_arm_continues_the_baselines_drafter(monkeypatch, tmp_path):
+    """drafter-resume: the same targets as drafter-steps; the candidate starts from the
+    baseline's drafter of its seed (trained first) for 2x more steps, drawing other batches."""
+    comparison = rc.COMPARISONS["drafter-resume"]
+    assert comparison.baseline == rc.COMPARISONS["drafter-steps"].baseline
+    base, cand = rc.RECIPES[comparison.baseline], rc.RECIPES[comparison.candidate]
+    assert cand.resume_from == comparison.baseline and cand.drafter_steps(400) == 800
+    seen = {}
+
+    def fake_drafter(scratch, scale, model, nbr, seed, out_name, init_from):
+        seen[out_name] = (scale.drafter_train["steps"], seed, init_from)
+        return None, {"train": {"last_loss": 1.0}}
+
+    monkeypatch.setattr(rc.msf, "_random_windows", lambda *a: [])
+    monkeypatch.setattr(rc.msf, "greedy_continuations", lambda *a: [])
+    monkeypatch.setattr(rc.msf, "distilled_drafter", fake_drafter)
+    monkeypatch.setattr(rc, "bench_tau", lambda *a: {"tau": 2.0, "per_prompt": [],
+                                                     "per_position_acceptance": []})  # fmt: skip
+    monkeypatch.setattr(rc, "text_stats", lambda tokens: {})
+    args = type("A", (), {"sequences": 4, "seed": 1, "drafter_steps": 400, "new_tokens": 8})()
+    target = {"dir": tmp_path, "stream": None, "model": None, "heldout_distill": None}
+    shared = type("S", (), {"streams": {"split": None}})()
+    for recipe in (base, cand):
+        rc.distilled(args, recipe, target, shared, 11)
+    assert seen == {
+        "drafter-stdlib-seed11": (400, 11, None),
+        "drafter-stdlib-drafter-1+2-seed11": (800, 411, tmp_path / "drafter-stdlib-seed11"),
+    }
+
+
+def test_a_resumed_arm_must_continue_its_comparisons_baseline(monkeypatch):
+    bad = rc.Comparison("bad", "train", "stdlib-drafter-1+2", "?", 1, 1, 1, 1, 1)
+    monkeypatch.setitem(rc.COMPARISONS, "bad", bad)
+    with pytest.raises(ValueError, match="continues 'stdlib', which must be its baseline"):
+        rc.check_tables()
 
 
 def committed_result(comparison: str) -> dict:
