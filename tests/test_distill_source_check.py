@@ -232,6 +232,22 @@ def test_rescore_refuses_a_drafter_whose_tau_differs(tmp_path, monkeypatch):
         rc.rescore(result, tmp_path, 0, tmp_path / "scratch")
 
 
+def _distil_arms(monkeypatch, tmp_path, fake_drafter, recipes):
+    """rc.distilled for seed 11 of each recipe, with ``fake_drafter`` in place of the
+    training and nothing else run."""
+    monkeypatch.setattr(rc.msf, "_random_windows", lambda *a: [])
+    monkeypatch.setattr(rc.msf, "greedy_continuations", lambda *a: [])
+    monkeypatch.setattr(rc.msf, "distilled_drafter", fake_drafter)
+    monkeypatch.setattr(rc, "bench_tau", lambda *a: {"tau": 2.0, "per_prompt": [],
+                                                     "per_position_acceptance": []})  # fmt: skip
+    monkeypatch.setattr(rc, "text_stats", lambda tokens: {})
+    args = type("A", (), {"sequences": 4, "seed": 1, "drafter_steps": 400, "new_tokens": 8})()
+    target = {"dir": tmp_path, "stream": None, "model": None, "heldout_distill": None}
+    shared = type("S", (), {"streams": {"split": None}})()
+    for recipe in recipes:
+        rc.distilled(args, recipe, target, shared, 11)
+
+
 def test_drafter_steps_arm_trains_only_the_drafter_longer(monkeypatch, tmp_path):
     """drafter-steps: both arms distil from the same target per seed (the run trains it
     once), and the candidate's drafter gets 3x the comparison's steps."""
@@ -247,17 +263,7 @@ def test_drafter_steps_arm_trains_only_the_drafter_longer(monkeypatch, tmp_path)
         assert init_from is None  # both arms start fresh
         return None, {"train": {"last_loss": 1.0}}
 
-    monkeypatch.setattr(rc.msf, "_random_windows", lambda *a: [])
-    monkeypatch.setattr(rc.msf, "greedy_continuations", lambda *a: [])
-    monkeypatch.setattr(rc.msf, "distilled_drafter", fake_drafter)
-    monkeypatch.setattr(rc, "bench_tau", lambda *a: {"tau": 2.0, "per_prompt": [],
-                                                     "per_position_acceptance": []})  # fmt: skip
-    monkeypatch.setattr(rc, "text_stats", lambda tokens: {})
-    args = type("A", (), {"sequences": 4, "seed": 1, "drafter_steps": 400, "new_tokens": 8})()
-    target = {"dir": tmp_path, "stream": None, "model": None, "heldout_distill": None}
-    shared = type("S", (), {"streams": {"split": None}})()
-    for recipe in (base, cand):
-        rc.distilled(args, recipe, target, shared, 11)
+    _distil_arms(monkeypatch, tmp_path, fake_drafter, (base, cand))
     assert seen == {"drafter-stdlib-seed11": 400, "drafter-stdlib-drafter-x3-seed11": 1200}
 
 
@@ -274,17 +280,7 @@ def test_drafter_resume_arm_continues_the_baselines_drafter(monkeypatch, tmp_pat
         seen[out_name] = (scale.drafter_train["steps"], seed, init_from)
         return None, {"train": {"last_loss": 1.0}}
 
-    monkeypatch.setattr(rc.msf, "_random_windows", lambda *a: [])
-    monkeypatch.setattr(rc.msf, "greedy_continuations", lambda *a: [])
-    monkeypatch.setattr(rc.msf, "distilled_drafter", fake_drafter)
-    monkeypatch.setattr(rc, "bench_tau", lambda *a: {"tau": 2.0, "per_prompt": [],
-                                                     "per_position_acceptance": []})  # fmt: skip
-    monkeypatch.setattr(rc, "text_stats", lambda tokens: {})
-    args = type("A", (), {"sequences": 4, "seed": 1, "drafter_steps": 400, "new_tokens": 8})()
-    target = {"dir": tmp_path, "stream": None, "model": None, "heldout_distill": None}
-    shared = type("S", (), {"streams": {"split": None}})()
-    for recipe in (base, cand):
-        rc.distilled(args, recipe, target, shared, 11)
+    _distil_arms(monkeypatch, tmp_path, fake_drafter, (base, cand))
     assert seen == {
         "drafter-stdlib-seed11": (400, 11, None),
         "drafter-stdlib-drafter-1+2-seed11": (800, 411, tmp_path / "drafter-stdlib-seed11"),

@@ -83,6 +83,13 @@ def test_sglangs_head_stays_where_refused_or_not_fp8(
         assert said == []
 
 
+@pytest.mark.parametrize("value", ["true", "2", "off"])
+def test_a_value_other_than_0_or_1_is_refused_naming_the_variable(monkeypatch, value):
+    monkeypatch.setenv(draft_head.ENV_VAR, value)
+    with pytest.raises(ValueError, match=f"{draft_head.ENV_VAR}='{value}': expected 0"):
+        draft_head.requested()
+
+
 def test_why_not_names_each_case():
     from types import SimpleNamespace
 

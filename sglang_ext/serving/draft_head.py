@@ -46,7 +46,9 @@ def requested() -> bool | None:
     value = os.environ.get(ENV_VAR, "").strip()
     if not value:
         return None
-    return value != "0"
+    if value not in ("0", "1"):
+        raise ValueError(f"{ENV_VAR}={value!r}: expected 0 (bf16 head) or 1 (fp8 head)")
+    return value == "1"
 
 
 def is_online_fp8(quant_config) -> bool:
