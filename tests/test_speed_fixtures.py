@@ -300,6 +300,19 @@ def test_drafter_steps_scale_trains_the_drafters_longer():
     assert msf_.with_drafter_steps(tiny, 3.0).drafter_train["time_cap"] is None
 
 
+def _carried(speed_fixtures, tmp_path):
+    """(the builder module, the built folder, a folder unpacked from its bundle), as the
+    next device session has them."""
+    from sglang_ext_tools.fixtures import cache
+
+    out, _ = speed_fixtures
+    bundle = tmp_path / "speed-fixtures.tar"
+    cache.pack(out, bundle)
+    cache.unpack(bundle, tmp_path / "again")
+    module = importlib.import_module("sglang_ext_tools.fixtures.make_speed_fixtures")
+    return module, out, tmp_path / "again"
+
+
 def test_a_carried_drafter_trains_on_from_where_it_stopped(speed_fixtures, tmp_path):
     """A bundle carries only the held-out text; drafter-data makes the training text again
     (checked against the counts the base stage recorded) and --resume continues the carried
@@ -307,14 +320,8 @@ def test_a_carried_drafter_trains_on_from_where_it_stopped(speed_fixtures, tmp_p
     record counts every step it has had."""
     from safetensors.torch import load_file
 
-    from sglang_ext_tools.fixtures import cache
-
-    module = importlib.import_module("sglang_ext_tools.fixtures.make_speed_fixtures")
-    out, stages = speed_fixtures
-    bundle = tmp_path / "speed-fixtures.tar"
-    cache.pack(out, bundle)
-    again = tmp_path / "again"
-    cache.unpack(bundle, again)
+    module, out, again = _carried(speed_fixtures, tmp_path)
+    stages = speed_fixtures[1]
 
     def run(*argv):
         return module.main([*argv, "--scale", "tiny", "--device", "cpu", "--out", str(again)])
@@ -353,14 +360,7 @@ def test_a_carried_drafter_trains_on_from_where_it_stopped(speed_fixtures, tmp_p
 
 
 def test_training_text_from_another_corpus_is_refused_by_field(speed_fixtures, tmp_path):
-    from sglang_ext_tools.fixtures import cache
-
-    module = importlib.import_module("sglang_ext_tools.fixtures.make_speed_fixtures")
-    out, _ = speed_fixtures
-    bundle = tmp_path / "b.tar"
-    cache.pack(out, bundle)
-    again = tmp_path / "again"
-    cache.unpack(bundle, again)
+    module, _, again = _carried(speed_fixtures, tmp_path)
     base = json.loads((again / "stage-base.json").read_text())
     base["data"]["train_tokens"] += 1
     (again / "stage-base.json").write_text(json.dumps(base))
