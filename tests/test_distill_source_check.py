@@ -294,10 +294,10 @@ def test_a_resumed_arm_must_continue_its_comparisons_baseline(monkeypatch):
         rc.check_tables()
 
 
-def committed_result(comparison: str) -> dict:
+def committed_result(comparison: str, date: str = "2026-12-03") -> dict:
     """A committed CPU result of ``comparison``: its command, and its ratio the candidate's
     tau over the baseline's, inside its own interval."""
-    result = json.loads((ROOT / f"tests/results/{comparison}-2026-12-03-cpu.json").read_text())
+    result = json.loads((ROOT / f"tests/results/{comparison}-{date}-cpu.json").read_text())
     assert result["command"].startswith(f"python -m {rc.MODULE} --comparison {comparison}")
     arms = rc.COMPARISONS[comparison]
     tau = result["tau"]
@@ -328,3 +328,20 @@ def test_committed_drafter_steps_result_is_consistent():
     # the baseline's drafters are the target-corpus-long run's, to the digit (same seeds)
     other = json.loads((ROOT / "tests/results/target-corpus-long-2026-12-03-cpu.json").read_text())
     assert result["tau_per_seed"]["11"]["stdlib"] == other["tau_per_seed"]["11"]["stdlib"]
+
+
+def test_committed_drafter_resume_result_is_consistent():
+    """2026-12-06: the 1x drafter continued for 2x more accepts more than the 1x one; the
+    seed whose target trained again to the same losses as on 2026-12-03 (12) sets it beside
+    the 3x drafter trained in one go: the continued one gained less (1.109 against 1.190)."""
+    result = committed_result("drafter-resume", "2026-12-06")
+    assert result["ratio_ci95"][0] > 1
+    steps = json.loads((ROOT / "tests/results/drafter-steps-2026-12-03-cpu.json").read_text())
+    assert result["targets"]["stdlib-seed12"]["stdlib_train_text"] == (
+        steps["targets"]["stdlib-seed12"]["stdlib_train_text"]
+    )
+    resumed = result["tau_per_seed"]["12"]
+    one_go = steps["tau_per_seed"]["12"]
+    assert resumed["stdlib-drafter-1+2"] / resumed["stdlib"] < (
+        one_go["stdlib-drafter-x3"] / one_go["stdlib"]
+    )
