@@ -861,14 +861,22 @@ def pool_second_pair(
                 row.update(pooled)
 
 
-def best_and_goals(rows: Sequence[Mapping[str, Any]], compare: Setting | None):
+def best_and_goals(
+    rows: Sequence[Mapping[str, Any]], compare: Setting | None, *, variants: bool = False
+):
     """Best main-drafter row at batch 1 (the smallest batch if 1 was not measured), and the
-    goals evaluated there. plugin_vs_stock: at that batch of the compare setting, from
-    whichever row carries it (the pair's own rows where the servers ran in groups); its goal
-    fails only where its interval lies wholly below the threshold: the two servers run the
-    same math, so a point estimate a hair under it is the run's noise (2026-12-02: 0.989
-    on 64 prompts, 1.155 on 16 with the same servers)."""
-    main = [r for r in rows if r["drafter"] == MAIN]
+    goals evaluated there. ``variants``: its variant rows (a flag or variable the server ran
+    with, e.g. the drafter in fp8) are candidates too: ``best_served``. plugin_vs_stock: at
+    that batch of the compare setting, from whichever row carries it (the pair's own rows
+    where the servers ran in groups); its goal fails only where its interval lies wholly
+    below the threshold: the two servers run the same math, so a point estimate a hair
+    under it is the run's noise (2026-12-02: 0.989 on 64 prompts, 1.155 on 16 with the
+    same servers)."""
+    main = [
+        r
+        for r in rows
+        if r["drafter"] == MAIN or (variants and r["drafter"].startswith(f"{MAIN} ["))
+    ]
     if not main:
         return None, {}
     batch = 1 if any(r["batch"] == 1 for r in main) else min(r["batch"] for r in main)
@@ -1097,9 +1105,21 @@ def build_result(
         "rows": rows,
         "best": best,
         "goals": goals,
+        **served_best(rows, compare),
         "measurements": list(measurements),
         "fixtures": fixtures,
     }
+
+
+def served_best(rows: Sequence[Mapping[str, Any]], compare: Setting | None) -> dict[str, Any]:
+    """{"best_served", "goals_served"}: best and goals with the variant rows among the
+    candidates, where the run has variant rows (a run whose fastest row is a variant, such
+    as 7/1/8 with the drafter in fp8 on 2026-12-06, has its issue goals read there); {}
+    otherwise, so files without variants keep their keys."""
+    if not any(r["drafter"].startswith(f"{MAIN} [") for r in rows):
+        return {}
+    best, goals = best_and_goals(rows, compare, variants=True)
+    return {"best_served": best, "goals_served": goals}
 
 
 def merge_results(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -1586,6 +1606,8 @@ RESULT_PARTS = (
     "rows",
     "best",
     "goals",
+    "best_served",
+    "goals_served",
     "measurements",
     "fixtures",
     "profiles",
@@ -1903,6 +1925,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     keys = ("steps", "topk", "draft_tokens", "batch", "speedup", "eta", "tau")
     print(f"best: {json.dumps({k: best.get(k) for k in keys} if best else None)}")
     print(f"goals: {json.dumps(result['goals'])}")
+    if result.get("best_served") is not None:
+        served = result["best_served"]
+        print(f"best served (variants too): {json.dumps({k: served.get(k) for k in keys})}")
+        print(f"goals served: {json.dumps(result['goals_served'])}")
     print(f"results written to {out_json}")
     if args.out_png and write_png(result, args.out_png):
         print(f"plot written to {args.out_png}")

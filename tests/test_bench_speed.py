@@ -1016,6 +1016,8 @@ def test_no_overlap_server_runs_its_setting_with_the_overlap_scheduler_off(promp
     assert [r["overlap"] for r in everywhere] == [False]
     best, _ = bs.best_and_goals(rows, None)
     assert best["server"] == "spec-3-1-4"  # a variant row is never the best main row
+    # among served configurations it is a candidate; slower here, so the plain row stays
+    assert bs.served_best(rows, None)["best_served"]["server"] == "spec-3-1-4"
     with pytest.raises(SystemExit):
         bs.parse_args(
             _argv(prompts_file, "--settings", "3,1,4", "--no-overlap-at", "5,1,6", nbr=False)
@@ -1347,3 +1349,19 @@ def test_the_next_registered_seed_shape_run_plans_twins_and_the_prefill_graph_va
     last = max(i for i, c in enumerate(command) if c == flag)
     assert command[last + 1] == "breakable" and command.count(flag) == 2
     assert command[command.index("--cuda-graph-max-bs-prefill") + 1] == "512"
+
+
+def test_the_fastest_served_configuration_is_read_beside_the_best_main_row():
+    """2026-12-06, one H100: 7/1/8 with the drafter in fp8 (a variant row) was the fastest
+    row; `best` keeps its meaning (plain servers of the main drafter), `best_served` and
+    `goals_served` read the issue's goals there. A run without variant rows has neither."""
+    data = json.loads((RESULTS / "speed-2026-12-06-nvidia-h100-sglang0.5.23.json").read_text())
+    served = bs.served_best(data["rows"], tuple(data["compare_setting"]))
+    assert data["best"]["server"] == "spec-7-1-8"
+    assert served["best_served"]["server"] == "spec-7-1-8-fp8head"
+    assert served["best_served"]["speedup"] == pytest.approx(2.3571, abs=1e-4)
+    goals = served["goals_served"]
+    assert goals["speedup_ge_2_5"] is False and goals["eta_ge_0_80"] is False
+    assert goals["plugin_vs_stock"] == data["goals"]["plugin_vs_stock"]
+    plain = [r for r in data["rows"] if "[" not in r["drafter"]]
+    assert bs.served_best(plain, None) == {}
