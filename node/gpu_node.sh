@@ -894,8 +894,10 @@ speed-unpack)
         speed_fixtures --stage drafter-data "${scale_args[@]}"
         speed_fixtures --stage widen-target "${scale_args[@]}" >"$SPEED/widen-target.log" 2>&1 &
         p0=$!
+        # SPEED_RESUME_LR_SCALE: restart at that times the recipe's peak rate (default 1)
         speed_fixtures --stage drafter --nbr true --resume "${scale_args[@]}" \
-            --drafter-steps-scale "$SPEED_RESUME_STEPS_SCALE" >"$SPEED/drafter-true.log" 2>&1
+            --drafter-steps-scale "$SPEED_RESUME_STEPS_SCALE" \
+            --drafter-lr-scale "${SPEED_RESUME_LR_SCALE:-1}" >"$SPEED/drafter-true.log" 2>&1
         wait "$p0"
         speed_fixtures --stage widen-drafters "${scale_args[@]}"
         prepare_bundle speed "$SPEED" speed-fixtures.tar >"$SPEED/pack.log" 2>&1 &

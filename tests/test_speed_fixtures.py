@@ -372,3 +372,14 @@ def test_training_text_from_another_corpus_is_refused_by_field(speed_fixtures, t
     (again / "small-drafter-nbr-true-steps10").mkdir()
     with pytest.raises(SystemExit, match="never overwritten"):
         module.main(["--stage", "drafter", "--nbr", "true", "--resume", *argv])
+
+
+def test_drafter_lr_scale_changes_only_the_drafters_peak_rate():
+    from sglang_ext_tools.fixtures import make_speed_fixtures as msf_
+
+    full = msf_.SCALES["full"]
+    low = msf_.with_drafter_lr(full, 0.3)
+    assert low.drafter_train == {**full.drafter_train, "lr": full.drafter_train["lr"] * 0.3}
+    assert low.target_train == full.target_train and msf_.with_drafter_lr(full, 1.0) is full
+    with pytest.raises(SystemExit):
+        msf_.main(["--stage", "drafter", "--out", "/nonexistent", "--drafter-lr-scale", "0"])
