@@ -345,3 +345,13 @@ def test_committed_drafter_resume_result_is_consistent():
     assert resumed["stdlib-drafter-1+2"] / resumed["stdlib"] < (
         one_go["stdlib-drafter-x3"] / one_go["stdlib"]
     )
+
+
+def test_committed_drafter_resume_lr_result_is_consistent():
+    """2026-12-06: restarting the continued drafter at 0.3x the peak rate kept less than the
+    full-rate restart on the same targets (the two runs' baselines agree to the digit)."""
+    low = committed_result("drafter-resume-lr", "2026-12-06")
+    full = committed_result("drafter-resume", "2026-12-06")
+    for seed, arms in full["tau_per_seed"].items():
+        assert low["tau_per_seed"][seed]["stdlib"] == arms["stdlib"]
+    assert low["ratio_ci95"][1] < full["ratio"]
