@@ -872,11 +872,7 @@ def best_and_goals(
     below the threshold: the two servers run the same math, so a point estimate a hair
     under it is the run's noise (2026-12-02: 0.989 on 64 prompts, 1.155 on 16 with the
     same servers)."""
-    main = [
-        r
-        for r in rows
-        if r["drafter"] == MAIN or (variants and r["drafter"].startswith(f"{MAIN} ["))
-    ]
+    main = [r for r in rows if r["drafter"] == MAIN or (variants and _variant_row(r))]
     if not main:
         return None, {}
     batch = 1 if any(r["batch"] == 1 for r in main) else min(r["batch"] for r in main)
@@ -1111,12 +1107,17 @@ def build_result(
     }
 
 
+def _variant_row(row: Mapping[str, Any]) -> bool:
+    """A main-drafter row served with a variant's flag or variable ("MAIN [label]")."""
+    return row["drafter"].startswith(f"{MAIN} [")
+
+
 def served_best(rows: Sequence[Mapping[str, Any]], compare: Setting | None) -> dict[str, Any]:
     """{"best_served", "goals_served"}: best and goals with the variant rows among the
     candidates, where the run has variant rows (a run whose fastest row is a variant, such
     as 7/1/8 with the drafter in fp8 on 2026-12-06, has its issue goals read there); {}
     otherwise, so files without variants keep their keys."""
-    if not any(r["drafter"].startswith(f"{MAIN} [") for r in rows):
+    if not any(_variant_row(r) for r in rows):
         return {}
     best, goals = best_and_goals(rows, compare, variants=True)
     return {"best_served": best, "goals_served": goals}

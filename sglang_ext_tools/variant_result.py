@@ -141,6 +141,10 @@ def per_cycle(
     return got
 
 
+class UnknownServer(ValueError):
+    """A --predict BASE (or variant) that names no batch-1 row of the bench file."""
+
+
 def pairs(bench: dict, against: list[tuple[str, str]] = ()) -> list[tuple[dict, str]]:
     """(variant row, plain server name): every batch-1 variant row with its plain twin
     (bench_speed's vs_setting_server), then each (variant, other server) of ``against``: a
@@ -152,7 +156,7 @@ def pairs(bench: dict, against: list[tuple[str, str]] = ()) -> list[tuple[dict, 
     for variant, plain in against:
         if variant not in by_server or plain not in by_server:
             missing = variant if variant not in by_server else plain
-            raise KeyError(f"no batch-1 row for server {missing!r} in the bench file")
+            raise UnknownServer(f"no batch-1 row for server {missing!r} in the bench file")
         if (by_server[variant], plain) not in out:
             out.append((by_server[variant], plain))
     return out
@@ -323,8 +327,8 @@ def main(argv=None) -> int:
     except (OSError, tarfile.TarError, cycle_fit.AlignmentError) as e:
         print(f"error: {args.acceptance}: {e}", file=sys.stderr)
         return 1
-    except KeyError as e:
-        print(f"error: {args.bench}: --predict: {e.args[0]}", file=sys.stderr)
+    except UnknownServer as e:
+        print(f"error: {args.bench}: --predict: {e}", file=sys.stderr)
         return 1
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({k: result[k] for k in ("variants", "predictions")}, indent=1))
