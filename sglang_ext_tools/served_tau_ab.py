@@ -13,6 +13,11 @@ repeated them.
 
     python -m sglang_ext_tools.served_tau_ab --bench B.json \\
         --pair spec-7-1-8:nbrfalse-plugin-7-1-8 [--pair A:B ...] [--out OUT.json]
+
+``--bench-b EARLIER.json`` reads every pair's B server from an earlier run instead: a drafter
+carried across sessions against its earlier self. Both runs must have served the same target
+build (the fixture manifest's base stage, ``created_unix``) with the same ``max_new_tokens``;
+otherwise the pairing by prompt means nothing and the files are refused.
 """
 
 from __future__ import annotations
@@ -57,9 +62,28 @@ def _rounds(bench: Mapping[str, Any], server: str) -> dict[int, dict[int, tuple[
     return rounds
 
 
-def compare(bench: Mapping[str, Any], a: str, b: str) -> dict[str, Any]:
-    """τ(a) / τ(b) over the prompts both served, with its paired bootstrap interval."""
-    ra, rb = _rounds(bench, a), _rounds(bench, b)
+def target_build(bench: Mapping[str, Any]) -> Any:
+    """The served target's build: its fixture manifest's base stage time (None if absent)."""
+    stages = (bench.get("fixtures") or {}).get("stages") or {}
+    return (stages.get("base") or {}).get("created_unix")
+
+
+def check_same_target(a: Mapping[str, Any], b: Mapping[str, Any]) -> None:
+    """Two runs pair by prompt only on one target build and one request length."""
+    for what, va, vb in (
+        ("the target build (fixtures.stages.base.created_unix)", target_build(a), target_build(b)),
+        ("max_new_tokens", a.get("max_new_tokens"), b.get("max_new_tokens")),
+    ):
+        if va is None or va != vb:
+            raise CountsError(f"{what}: {va!r} in A's run, {vb!r} in B's; expected the same")
+
+
+def compare(
+    bench: Mapping[str, Any], a: str, b: str, bench_b: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """τ(a) / τ(b) over the prompts both served, with its paired bootstrap interval; b from
+    ``bench_b`` where given (an earlier run on the same target build)."""
+    ra, rb = _rounds(bench, a), _rounds(bench if bench_b is None else bench_b, b)
     common = sorted(set(ra) & set(rb))
     if not common:
         raise CountsError(f"servers {a!r} and {b!r} finished no round in common")
@@ -79,12 +103,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--bench", type=Path, required=True)
     p.add_argument("--pair", action="append", required=True, metavar="A:B")
+    p.add_argument("--bench-b", type=Path, help="read B from this (earlier) run")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     if args.out and args.out.exists():
         print(f"error: {args.out} exists; results are never overwritten", file=sys.stderr)
         return 1
     bench = json.loads(args.bench.read_text())
+    bench_b = json.loads(args.bench_b.read_text()) if args.bench_b else None
+    if bench_b is not None:
+        try:
+            check_same_target(bench, bench_b)
+        except CountsError as e:
+            print(f"error: {args.bench} against {args.bench_b}: {e}", file=sys.stderr)
+            return 1
     results = []
     for pair in args.pair:
         a, sep, b = pair.partition(":")
@@ -92,12 +124,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"error: --pair {pair!r}: expected SERVER_A:SERVER_B", file=sys.stderr)
             return 2
         try:
-            results.append(compare(bench, a, b))
+            results.append(compare(bench, a, b, bench_b))
         except CountsError as e:
             print(f"error: {args.bench}: {e}", file=sys.stderr)
             return 1
     head = {k: bench.get(k) for k in ("date", "gpu", "sglang_version", "attention_backend")}
     out = {**head, "bench": args.bench.name, "pairs": results}
+    if args.bench_b:
+        out["bench_b"] = args.bench_b.name
     text = json.dumps(out, indent=1) + "\n"
     if args.out:
         args.out.write_text(text)

@@ -83,3 +83,59 @@ def test_the_2026_12_06_steps_ab_is_what_its_bench_file_gives(tmp_path):
     assert 1.04 <= steps["ratio"] <= 1.15 and steps["ci95"][0] > 1
     for pair in (head, head314):
         assert 0.98 <= pair["ci95"][0] and pair["ci95"][1] <= 1.02
+
+
+def _run(steps, build=1, max_new=128):
+    return {**_bench(steps, steps), "max_new_tokens": max_new,
+            "fixtures": {"stages": {"base": {"created_unix": build}}}}  # fmt: skip
+
+
+def test_b_read_from_an_earlier_run_of_the_same_target_build():
+    now, earlier = _run([32, 40, 30]), _run([40, 44, 38])
+    got = ab.compare(now, "a", "a", earlier)
+    assert got["tau_a"] == pytest.approx(128 * 3 / 102, abs=1e-4)
+    assert got["tau_b"] == pytest.approx(128 * 3 / 122, abs=1e-4)
+    ab.check_same_target(now, earlier)
+
+
+@pytest.mark.parametrize(
+    "other, field",
+    [(_run([40], build=2), "target build"), (_run([40], max_new=64), "max_new_tokens"),
+     ({"measurements": []}, "target build")],
+)  # fmt: skip
+def test_runs_of_other_targets_or_lengths_are_refused_by_field(tmp_path, other, field, capsys):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(_run([40])))
+    b.write_text(json.dumps(other))
+    assert ab.main(["--bench", str(a), "--bench-b", str(b), "--pair", "a:a"]) == 1
+    err = capsys.readouterr().err
+    assert field in err and "expected the same" in err
+
+
+RESUME = RESULTS / "speed-2026-12-06-resume-nvidia-h100-sglang0.5.23"
+
+
+def test_the_2026_12_06_resume_run_is_what_its_bench_files_give(tmp_path):
+    """The 12,500-step drafter against the 2,500-step one in its own run (registered
+    1.06-1.14 at 3/1/4: missed, 1.051) and against its 5,000-step self of the run before, on
+    the same target build and prompts."""
+    one, two = tmp_path / "one.json", tmp_path / "two.json"
+    argv = ["--bench", f"{RESUME}.json", "--pair", "spec-3-1-4:nbrfalse-plugin-3-1-4",
+            "--pair", "spec-3-1-4-fp8:spec-3-1-4",
+            "--pair", "spec-7-1-8-fp8:spec-7-1-8"]  # fmt: skip
+    assert ab.main([*argv, "--out", str(one)]) == 0
+    assert json.loads(one.read_text()) == json.loads(
+        (RESULTS / "speed-tau-ab-2026-12-06-resume-nvidia-h100-sglang0.5.23.json").read_text()
+    )
+    steps = json.loads(one.read_text())["pairs"][0]
+    assert steps["ci95"][0] > 1 and steps["ci95"][1] < 1.14
+    argv = ["--bench", f"{RESUME}.json", "--bench-b", f"{H100}.json",
+            "--pair", "spec-3-1-4:spec-3-1-4", "--pair", "spec-7-1-8:spec-7-1-8",
+            "--pair", "nbrfalse-plugin-3-1-4:spec-3-1-4", "--out", str(two)]  # fmt: skip
+    assert ab.main(argv) == 0
+    built = json.loads(two.read_text())
+    across = RESULTS / "speed-tau-ab-2026-12-06-resume-vs-5000-nvidia-h100-sglang0.5.23.json"
+    assert built == json.loads(across.read_text())
+    assert built["bench_b"] == f"{H100.name}.json"
+    on314 = built["pairs"][0]
+    assert 1 < on314["ci95"][0] and on314["ratio"] < 1.05  # 7,500 more steps: ~2 %
