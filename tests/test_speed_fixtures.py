@@ -383,3 +383,40 @@ def test_drafter_lr_scale_changes_only_the_drafters_peak_rate():
     assert low.target_train == full.target_train and msf_.with_drafter_lr(full, 1.0) is full
     with pytest.raises(SystemExit):
         msf_.main(["--stage", "drafter", "--out", "/nonexistent", "--drafter-lr-scale", "0"])
+
+
+def test_drafter_mlp_scale_widens_only_the_trained_mlp():
+    """--drafter-mlp-scale: the small drafter's MLP width; the served drafter is padded to the
+    published width whatever it is, so a width beyond that is refused."""
+    from sglang_ext_tools.fixtures import make_speed_fixtures as msf_
+
+    full = msf_.SCALES["full"]
+    wide = msf_.with_drafter_mlp(full, 4.0)
+    assert wide.drafter_train == {**full.drafter_train, "intermediate": 4 * 1536}
+    assert wide.target == full.target and msf_.with_drafter_mlp(full, 1.0) is full
+    with pytest.raises(SystemExit, match="15360 does not fit the served drafter's 14336"):
+        msf_.with_drafter_mlp(full, 10.0)
+    with pytest.raises(SystemExit):
+        msf_.main(["--stage", "drafter", "--out", "/nonexistent", "--drafter-mlp-scale", "0"])
+
+
+def test_a_wider_mlp_trains_widens_and_is_not_resumed_as_another_width(speed_fixtures, tmp_path):
+    """A drafter trained with a wider MLP widens to the same served shape (its proposals
+    checked), and --resume refuses it at another width before moving anything."""
+    module, _, again = _carried(speed_fixtures, tmp_path)
+
+    def run(*argv):
+        return module.main([*argv, "--scale", "tiny", "--device", "cpu", "--out", str(again)])
+
+    assert run("--stage", "drafter-data") == 0
+    assert run("--stage", "drafter", "--nbr", "true", "--drafter-mlp-scale", "2") == 0
+    small = json.loads((again / "small-drafter-nbr-true" / "config.json").read_text())
+    assert small["transformer_layer_config"]["intermediate_size"] == 2 * 64
+    assert run("--stage", "widen-target") == 0 and run("--stage", "widen-drafters") == 0
+    stages = json.loads((again / "speed-fixtures.json").read_text())["stages"]
+    big = stages["widen-drafters"]["drafters_8b"]["nbr-true"]
+    assert big["intermediate_size"] == 128 and big["function_check"]["proposals_equal"] > 0.99
+    before = sorted(p.name for p in again.iterdir())
+    with pytest.raises(SystemExit, match="intermediate_size 128, this run's drafter 64"):
+        run("--stage", "drafter", "--nbr", "true", "--resume")
+    assert sorted(p.name for p in again.iterdir()) == before
