@@ -420,3 +420,13 @@ def test_a_wider_mlp_trains_widens_and_is_not_resumed_as_another_width(speed_fix
     with pytest.raises(SystemExit, match="intermediate_size 128, this run's drafter 64"):
         run("--stage", "drafter", "--nbr", "true", "--resume")
     assert sorted(p.name for p in again.iterdir()) == before
+
+
+def test_continuation_agreement_counts_the_text_before_each_parting():
+    from sglang_ext_tools.fixtures.make_speed_fixtures import continuation_agreement
+
+    old = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8], [9, 9, 9, 9]])
+    new = torch.tensor([[1, 2, 0, 4], [5, 6, 7, 8], [0, 9, 9, 9]])
+    got = continuation_agreement(new, old)
+    assert got == {"positions_equal": 0.8333, "before_first_parting": 0.5,
+                   "identical": 0.3333, "sequences": 3}  # fmt: skip
