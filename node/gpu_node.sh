@@ -28,7 +28,11 @@
 #                                              before the next speed-one-start carries them:
 #                                              that run only widens them (fixtures.cache)
 #   bash node/gpu_node.sh speed-unpack         that step of speed-pipeline: the carried
-#                                              bundle into /tmp/speed, widened
+#                                              bundle into /tmp/speed, widened;
+#                                              SPEED_RESUME_STEPS_SCALE=N trains the carried
+#                                              nbr=true drafter on first, or
+#                                              SPEED_FRESH_DRAFTER_ARGS="FLAGS" trains a new
+#                                              one with those flags beside it
 #
 # The speed benchmark on SGLang 0.5.23 (one nvidia-h200, the ferried wheel set):
 #   bash node/gpu_node.sh speed-one-start [bench args]
@@ -503,10 +507,11 @@ speed-pipeline)
     if [ -f /tmp/ferry/speed-fixtures.tar/manifest.json ] && bash node/gpu_node.sh speed-unpack
     then
         ok=1
-    elif [ -n "${SPEED_RESUME_STEPS_SCALE:-}" ]; then
-        # a run asked to continue the carried drafter measures nothing else in its place
-        echo "fixtures: SPEED_RESUME_STEPS_SCALE is set but the carried bundle did not" \
-            "unpack and train on (above); no fresh fixtures instead"
+    elif [ -n "${SPEED_RESUME_STEPS_SCALE:-}${SPEED_FRESH_DRAFTER_ARGS:-}" ]; then
+        # a run asked to continue the carried drafter, or to train a new one beside it,
+        # measures nothing else in its place
+        echo "fixtures: SPEED_RESUME_STEPS_SCALE or SPEED_FRESH_DRAFTER_ARGS is set but the" \
+            "carried bundle did not unpack and train (above); no fresh fixtures instead"
     elif rm -f "$SPEED/cache.json" && speed_fixtures --stage base; then
         speed_fixtures --stage widen-target >"$SPEED/widen-target.log" 2>&1 &
         p0=$!
@@ -887,9 +892,30 @@ speed-unpack)
     # recipe's steps first (its text again from the carried target: drafter-data), on the
     # same target, so it is compared with the carried nbr=false drafter and with earlier
     # sessions' figures of that target; the new small models are packed for the next session
+    if [ -n "${SPEED_RESUME_STEPS_SCALE:-}" ] && [ -n "${SPEED_FRESH_DRAFTER_ARGS:-}" ]; then
+        echo "speed-unpack: SPEED_RESUME_STEPS_SCALE and SPEED_FRESH_DRAFTER_ARGS both set;" \
+            "a run either continues the carried nbr=true drafter or trains a new one" >&2
+        exit 2
+    fi
     recv_bundle speed speed-fixtures.tar "$SPEED"
     scale_args=(${SPEED_SCALE:+--scale "$SPEED_SCALE"})
-    if [ -n "${SPEED_RESUME_STEPS_SCALE:-}" ]; then
+    if [ -n "${SPEED_FRESH_DRAFTER_ARGS:-}" ]; then
+        # SPEED_FRESH_DRAFTER_ARGS="--drafter-mlp-scale 4 --drafter-steps-scale 3": a new
+        # nbr=true drafter trained on the carried target with those make_speed_fixtures
+        # flags; the carried one is kept beside it (small-drafter-nbr-true-stepsN) and the
+        # carried nbr=false drafter stays, so the bench's pair is the in-run baseline and
+        # `served_tau_ab --bench-b` reads it against the carried drafter's earlier run
+        echo "fixtures: a new nbr=true drafter ($SPEED_FRESH_DRAFTER_ARGS) on the carried target"
+        speed_fixtures --stage drafter-data "${scale_args[@]}"
+        speed_fixtures --stage widen-target "${scale_args[@]}" >"$SPEED/widen-target.log" 2>&1 &
+        p0=$!
+        # shellcheck disable=SC2086  # the flags, split on purpose
+        speed_fixtures --stage drafter --nbr true "${scale_args[@]}" $SPEED_FRESH_DRAFTER_ARGS \
+            >"$SPEED/drafter-true.log" 2>&1
+        wait "$p0"
+        speed_fixtures --stage widen-drafters "${scale_args[@]}"
+        prepare_bundle speed "$SPEED" speed-fixtures.tar >"$SPEED/pack.log" 2>&1 &
+    elif [ -n "${SPEED_RESUME_STEPS_SCALE:-}" ]; then
         echo "fixtures: the carried drafter nbr=true trained on for ${SPEED_RESUME_STEPS_SCALE}x the recipe's steps"
         speed_fixtures --stage drafter-data "${scale_args[@]}"
         speed_fixtures --stage widen-target "${scale_args[@]}" >"$SPEED/widen-target.log" 2>&1 &

@@ -486,3 +486,17 @@ def test_gpu_idle_kills_what_still_holds_the_gpu_by_its_process_group(tmp_path):
         if server.poll() is None:
             server.kill()
         server.wait()
+
+
+def test_speed_unpack_refuses_both_a_resumed_and_a_fresh_drafter(tmp_path):
+    """SPEED_RESUME_STEPS_SCALE continues the carried nbr=true drafter, SPEED_FRESH_DRAFTER_ARGS
+    trains a new one beside it: both at once is refused before the bundle is touched."""
+    speed = tmp_path / "speed"
+    env = {"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "out"), "HOME": str(tmp_path),
+           "SGLANG_EXT_SPEED_DIR": str(speed), "SPEED_RESUME_STEPS_SCALE": "3",
+           "SPEED_FRESH_DRAFTER_ARGS": "--drafter-mlp-scale 4"}  # fmt: skip
+    proc = subprocess.run(["bash", str(SCRIPT), "speed-unpack"], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 2
+    assert "SPEED_RESUME_STEPS_SCALE and SPEED_FRESH_DRAFTER_ARGS both set" in proc.stderr
+    assert not speed.exists()

@@ -401,8 +401,9 @@ def test_drafter_mlp_scale_widens_only_the_trained_mlp():
 
 
 def test_a_wider_mlp_trains_widens_and_is_not_resumed_as_another_width(speed_fixtures, tmp_path):
-    """A drafter trained with a wider MLP widens to the same served shape (its proposals
-    checked), and --resume refuses it at another width before moving anything."""
+    """A fresh drafter with a wider MLP beside a carried one (kept aside, never overwritten)
+    widens to the same served shape (its proposals checked), and --resume refuses it at
+    another width before moving anything."""
     module, _, again = _carried(speed_fixtures, tmp_path)
 
     def run(*argv):
@@ -412,6 +413,12 @@ def test_a_wider_mlp_trains_widens_and_is_not_resumed_as_another_width(speed_fix
     assert run("--stage", "drafter", "--nbr", "true", "--drafter-mlp-scale", "2") == 0
     small = json.loads((again / "small-drafter-nbr-true" / "config.json").read_text())
     assert small["transformer_layer_config"]["intermediate_size"] == 2 * 64
+    # the carried drafter it replaced stays beside it, and the record says which it was
+    steps = speed_fixtures[1]["drafter-nbr-true"]["small_drafter_nbr-true"]["train"]["steps_done"]
+    kept = json.loads((again / f"small-drafter-nbr-true-steps{steps}" / "config.json").read_text())
+    assert kept["transformer_layer_config"]["intermediate_size"] == 64
+    record = json.loads((again / "stage-drafter-nbr-true.json").read_text())
+    assert record["small_drafter_nbr-true"]["replaced"]["steps_total"] == steps
     assert run("--stage", "widen-target") == 0 and run("--stage", "widen-drafters") == 0
     stages = json.loads((again / "speed-fixtures.json").read_text())["stages"]
     big = stages["widen-drafters"]["drafters_8b"]["nbr-true"]
