@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from sglang_ext_tools.json_out import emit
 from sglang_ext_tools.tau_compare import ratio_interval
 
 
@@ -132,11 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = {**head, "bench": args.bench.name, "pairs": results}
     if args.bench_b:
         out["bench_b"] = args.bench_b.name
-    text = json.dumps(out, indent=1) + "\n"
-    if args.out:
-        args.out.write_text(text)
-    print(text, end="")
-    return 0
+    return emit(out, args.out)
 
 
 if __name__ == "__main__":
