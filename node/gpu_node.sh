@@ -888,10 +888,6 @@ speed-pack)
 speed-unpack)
     # The carried bundle (/tmp/ferry/speed-fixtures.tar, see speed-pack) into $SPEED, then
     # the widen stages on it; speed-pipeline runs it when the bundle is there.
-    # SPEED_RESUME_STEPS_SCALE=N: the carried nbr=true drafter trains on for N x the
-    # recipe's steps first (its text again from the carried target: drafter-data), on the
-    # same target, so it is compared with the carried nbr=false drafter and with earlier
-    # sessions' figures of that target; the new small models are packed for the next session
     if [ -n "${SPEED_RESUME_STEPS_SCALE:-}" ] && [ -n "${SPEED_FRESH_DRAFTER_ARGS:-}" ]; then
         echo "speed-unpack: SPEED_RESUME_STEPS_SCALE and SPEED_FRESH_DRAFTER_ARGS both set;" \
             "a run either continues the carried nbr=true drafter or trains a new one" >&2
@@ -899,31 +895,32 @@ speed-unpack)
     fi
     recv_bundle speed speed-fixtures.tar "$SPEED"
     scale_args=(${SPEED_SCALE:+--scale "$SPEED_SCALE"})
+    # The nbr=true drafter trained anew on the carried target, one of two ways:
+    # SPEED_FRESH_DRAFTER_ARGS="--drafter-mlp-scale 4 --drafter-steps-scale 3": a new one with
+    # those make_speed_fixtures flags, the carried one kept beside it
+    # (small-drafter-nbr-true-stepsN), so the bench's nbr=false pair is the in-run baseline
+    # and `served_tau_ab --bench-b` reads it against the carried drafter's earlier run;
+    # SPEED_RESUME_STEPS_SCALE=N: the carried one continued for N x the recipe's steps
+    # (SPEED_RESUME_LR_SCALE: restart at that times the recipe's peak rate, default 1). Either
+    # way its text is made again from the carried target first (drafter-data), the drafter is
+    # compared on the same target with the carried nbr=false one and with earlier sessions'
+    # figures of that target, and the new small models are packed for the next session
+    drafter_args=()
     if [ -n "${SPEED_FRESH_DRAFTER_ARGS:-}" ]; then
-        # SPEED_FRESH_DRAFTER_ARGS="--drafter-mlp-scale 4 --drafter-steps-scale 3": a new
-        # nbr=true drafter trained on the carried target with those make_speed_fixtures
-        # flags; the carried one is kept beside it (small-drafter-nbr-true-stepsN) and the
-        # carried nbr=false drafter stays, so the bench's pair is the in-run baseline and
-        # `served_tau_ab --bench-b` reads it against the carried drafter's earlier run
         echo "fixtures: a new nbr=true drafter ($SPEED_FRESH_DRAFTER_ARGS) on the carried target"
-        speed_fixtures --stage drafter-data "${scale_args[@]}"
-        speed_fixtures --stage widen-target "${scale_args[@]}" >"$SPEED/widen-target.log" 2>&1 &
-        p0=$!
-        # shellcheck disable=SC2086  # the flags, split on purpose
-        speed_fixtures --stage drafter --nbr true "${scale_args[@]}" $SPEED_FRESH_DRAFTER_ARGS \
-            >"$SPEED/drafter-true.log" 2>&1
-        wait "$p0"
-        speed_fixtures --stage widen-drafters "${scale_args[@]}"
-        prepare_bundle speed "$SPEED" speed-fixtures.tar >"$SPEED/pack.log" 2>&1 &
+        # shellcheck disable=SC2206  # the flags, split on purpose
+        drafter_args=($SPEED_FRESH_DRAFTER_ARGS)
     elif [ -n "${SPEED_RESUME_STEPS_SCALE:-}" ]; then
         echo "fixtures: the carried drafter nbr=true trained on for ${SPEED_RESUME_STEPS_SCALE}x the recipe's steps"
+        drafter_args=(--resume --drafter-steps-scale "$SPEED_RESUME_STEPS_SCALE"
+            --drafter-lr-scale "${SPEED_RESUME_LR_SCALE:-1}")
+    fi
+    if [ ${#drafter_args[@]} -gt 0 ]; then
         speed_fixtures --stage drafter-data "${scale_args[@]}"
         speed_fixtures --stage widen-target "${scale_args[@]}" >"$SPEED/widen-target.log" 2>&1 &
         p0=$!
-        # SPEED_RESUME_LR_SCALE: restart at that times the recipe's peak rate (default 1)
-        speed_fixtures --stage drafter --nbr true --resume "${scale_args[@]}" \
-            --drafter-steps-scale "$SPEED_RESUME_STEPS_SCALE" \
-            --drafter-lr-scale "${SPEED_RESUME_LR_SCALE:-1}" >"$SPEED/drafter-true.log" 2>&1
+        speed_fixtures --stage drafter --nbr true "${scale_args[@]}" "${drafter_args[@]}" \
+            >"$SPEED/drafter-true.log" 2>&1
         wait "$p0"
         speed_fixtures --stage widen-drafters "${scale_args[@]}"
         prepare_bundle speed "$SPEED" speed-fixtures.tar >"$SPEED/pack.log" 2>&1 &

@@ -500,3 +500,36 @@ def test_speed_unpack_refuses_both_a_resumed_and_a_fresh_drafter(tmp_path):
     assert proc.returncode == 2
     assert "SPEED_RESUME_STEPS_SCALE and SPEED_FRESH_DRAFTER_ARGS both set" in proc.stderr
     assert not speed.exists()
+
+
+@pytest.mark.parametrize(
+    "env, drafter",
+    [({"SPEED_FRESH_DRAFTER_ARGS": "--drafter-mlp-scale 4 --drafter-steps-scale 3"},
+      "--stage drafter --nbr true --drafter-mlp-scale 4 --drafter-steps-scale 3"),
+     ({"SPEED_RESUME_STEPS_SCALE": "3", "SPEED_RESUME_LR_SCALE": "0.3"},
+      "--stage drafter --nbr true --resume --drafter-steps-scale 3 --drafter-lr-scale 0.3")],
+)  # fmt: skip
+def test_speed_unpack_trains_the_drafter_each_way_between_the_same_stages(tmp_path, env, drafter):
+    """A new drafter or the carried one continued: the same stages around it (its text
+    again, the target widened beside it, then the drafters), only the drafter's flags
+    differ. python3 is a stub that records each call."""
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    calls = tmp_path / "calls.log"
+    (stub / "python3").write_text(f'#!/bin/bash\necho "$*" >> {calls}\n')
+    (stub / "python3").chmod(0o755)
+    speed = tmp_path / "speed"
+    speed.mkdir()
+    env = {"PATH": f"{stub}:/usr/bin:/bin", "OUT": str(tmp_path / "out"), "HOME": str(tmp_path),
+           "SGLANG_EXT_SPEED_DIR": str(speed), **env}  # fmt: skip
+    proc = subprocess.run(["bash", str(SCRIPT), "speed-unpack"], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    for _ in range(50):  # the bundle is packed in the background
+        lines = [x for x in calls.read_text().splitlines() if "make_speed_fixtures" in x]
+        stages = [re.sub(r"--out \S+ ?", "", x.split("make_speed_fixtures ", 1)[1]) for x in lines]
+        if len(stages) == 4:
+            break
+        time.sleep(0.1)
+    assert stages[0] == "--stage drafter-data" and stages[-1] == "--stage widen-drafters"
+    assert sorted(stages[1:3]) == sorted(["--stage widen-target", drafter])
