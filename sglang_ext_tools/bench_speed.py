@@ -1808,6 +1808,10 @@ def bring_up(
     pinned = {}
     for s in up:
         print(f"{s.name}: {s.status} after {s.ready_after_s} s", file=sys.stderr)
+        if s.status != "ready" and (cause := s.startup_error()):
+            # 2026-12-06: "exited(-9)" alone hid SGLang's KV-cache refusal (the result's
+            # server record had it; the log a user watches did not)
+            print(f"{s.name}: {cause}", file=sys.stderr)
         if pin_plan and s.status == "ready" and s.process:
             pinned[s.name] = cpu_pinning.pin_group(s.process.pid, pin_plan)
     if pin_plan:  # this thread's later threads (the request senders) inherit this

@@ -385,7 +385,9 @@ def test_dry_run_prints_servers_and_plan_and_starts_nothing(prompts_file, capsys
     assert out["warmup"] == [{"requests": 2, "concurrency": 1}, {"requests": 4, "concurrency": 4}]
 
 
-def test_main_with_fake_servers_writes_partial_results(prompts_file, tmp_path, monkeypatch):
+def test_main_with_fake_servers_writes_partial_results(
+    prompts_file, tmp_path, monkeypatch, capsys
+):
     """Full main(): one server fails to start, the others are measured through a fake
     request runner; the JSON is still written, with the failure and its log tail."""
 
@@ -419,6 +421,8 @@ def test_main_with_fake_servers_writes_partial_results(prompts_file, tmp_path, m
     failed = next(s for s in data["servers"] if s["name"] == "spec-4-4-8")
     assert failed["status"] == "exited(1)" and failed["error"] == "ValueError: x"
     assert len(failed["log_tail"]) == 30 and failed["log_tail"][-1] == "ValueError: x"
+    # the log a user watches names the cause, not only the exit status
+    assert "spec-4-4-8: ValueError: x" in capsys.readouterr().err.splitlines()
     # warm-up: 2 at batch 1 and one wave at the largest batch, per ready server
     assert calls[:2] == [("nospec", 2, 1), ("nospec", 2, 2)]
     timed = calls[2 * 5:]
