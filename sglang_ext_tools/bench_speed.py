@@ -44,7 +44,7 @@ from typing import Any
 import sglang_ext
 from sglang_ext.cli.bench import BenchError, RequestSpec, load_prompts, run_benchmark
 from sglang_ext.cli.bench_report import RequestResult
-from sglang_ext_tools import cpu_pinning
+from sglang_ext_tools import cpu_pinning, group_fit
 from sglang_ext_tools.gpu_watch import GpuWatch, gpu_info
 from sglang_ext_tools.launch import DEFAULT_SPEC, STOCK_ENV, Server, start_all, stop_all
 from sglang_ext_tools.stats import bootstrap_ratio_ci, ratio_of_sums
@@ -276,6 +276,20 @@ def draft_vocab(path: str | Path | None) -> int | None:
         if isinstance(value, int) and value > 0:
             return value
     return None
+
+
+def fit_groups(specs: Sequence[Mapping[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    """Whether each group's servers fit the GPU together (group_fit), before any starts."""
+    sizes: dict[str, dict[str, Any]] = {}
+    for spec in specs:
+        if spec.get("alias_of"):  # a second measurement of a server already counted
+            sizes[spec["name"]] = {"total": 0.0, "alias_of": spec["alias_of"]}
+        else:
+            drafter = drafter_path(spec, args)
+            sizes[spec["name"]] = group_fit.server_bytes(
+                args.target, drafter, args.max_total_tokens
+            )
+    return group_fit.check(args.groups, sizes, gpu_info().get("memory_total_mib"))
 
 
 def make_servers(specs: Sequence[Mapping[str, Any]], args: argparse.Namespace) -> list[Server]:
@@ -1847,8 +1861,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         len(prompts),
         args.batch1_requests,
     )
+    fit = fit_groups(specs, args)
+    if fit.get("refused"):
+        print(f"error: --at-once {args.at_once}: {fit['refused']}", file=sys.stderr)
     if args.dry_run:
         dry = {
+            "group_fit": fit,
             "servers": [
                 {"name": s.name, "url": s.url, "command": s.command(), "env": s.env}
                 for s in servers
@@ -1859,7 +1877,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "prompts": {"source": source, "count": len(prompts)},
         }
         print(json.dumps(dry, indent=1))
-        return 0
+        return 2 if fit.get("refused") else 0
+    if fit.get("refused"):
+        return 2
 
     date = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     started, measurements, aborted, profiles = time.time(), [], None, {}
@@ -1876,6 +1896,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args, argv, specs, servers, measurements, profiles, date, started, aborted,
             source, len(prompts), partial=partial,
         )  # fmt: skip
+        result["group_fit"] = fit
         if args.pin_plan:
             result["cpu_pinning"] = {
                 "plan": cpu_pinning.describe(args.pin_plan),

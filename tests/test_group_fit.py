@@ -1,0 +1,96 @@
+"""group_fit: a bench group that cannot fit one GPU is refused before any server starts."""
+
+import json
+
+import pytest
+
+from sglang_ext_tools import bench_speed as bs
+from sglang_ext_tools import group_fit
+
+GIB = 1 << 30
+# the seed's rank shape (seed-shape-2026-12-06-traced-…-wide-target-config's geometry)
+MLA = {"num_hidden_layers": 61, "kv_lora_rank": 512, "qk_rope_head_dim": 64}
+LLAMA_8B = {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+            "hidden_size": 4096}  # fmt: skip
+H100_MIB, H200_MIB = 81559, 143771
+
+
+def _model(path, config, weight_bytes):
+    """A model directory: config.json and one sparse weight file of ``weight_bytes``."""
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(config))
+    with (path / "model.safetensors").open("wb") as f:
+        f.truncate(weight_bytes)
+    return path
+
+
+def test_kv_bytes_per_token_mla_and_gqa():
+    # MLA keeps latent + rope key per layer: 576 x 61 x 2 bytes (SGLang logged 1.07 GiB for
+    # 16,384 tokens on 2026-12-06)
+    assert group_fit.kv_bytes_per_token(MLA) == 576 * 61 * 2
+    assert group_fit.kv_bytes_per_token(MLA) * 16384 / GIB == pytest.approx(1.07, abs=0.01)
+    assert group_fit.kv_bytes_per_token(LLAMA_8B) == 2 * 8 * 128 * 32 * 2
+    assert group_fit.kv_bytes_per_token({"hidden_size": 64}) is None
+
+
+def test_server_bytes_sums_weights_kv_and_overhead(tmp_path):
+    target = _model(tmp_path / "t", MLA, int(25.3 * GIB))
+    drafter = _model(tmp_path / "d", {}, int(0.9 * GIB))
+    est = group_fit.server_bytes(target, drafter, 16384)
+    assert est["target_weights"] == 25.3 and est["drafter_weights"] == 0.9
+    assert est["kv_cache"] == pytest.approx(1.07, abs=0.01)
+    assert est["total"] == pytest.approx(25.3 + 0.9 + 1.07 + group_fit.OVERHEAD_GIB, abs=0.01)
+    assert group_fit.server_bytes(target, None, 16384)["drafter_weights"] == 0
+    assert "max-total-tokens" in group_fit.server_bytes(target, drafter, None)["skipped"]
+    empty = tmp_path / "dummy"
+    empty.mkdir()
+    assert "no weight files" in group_fit.server_bytes(empty, None, 16384)["skipped"]
+
+
+def _sizes(names, total):
+    return {n: {"total": total} for n in names}
+
+
+def test_the_2026_12_06_h100_group_is_refused_and_two_fit():
+    """Three rank-shape servers (~28.3 GiB each) on an H100, as the eighth run started them:
+    refused, naming each server and the --at-once that fits; two fit; four fit an H200."""
+    three = [["nospec", "spec-5-1-6", "spec-5-1-6-pg"]]
+    out = group_fit.check(three, _sizes(three[0], 28.3), H100_MIB)
+    assert "spec-5-1-6-pg 28.3" in out["refused"] and "--at-once 2 fits" in out["refused"]
+    assert out["groups"] == [{"servers": three[0], "gib": 84.9}]
+    two = [["nospec", "spec-3-1-4"]]
+    assert "refused" not in group_fit.check(two, _sizes(two[0], 28.3), H100_MIB)
+    four = [["nospec", "spec-5-1-6", "b", "c"]]
+    assert "refused" not in group_fit.check(four, _sizes(four[0], 28.3), H200_MIB)
+    huge = group_fit.check(two, _sizes(two[0], 60.0), H100_MIB)
+    assert "not even the baseline and one server fit" in huge["refused"]
+
+
+def test_no_check_without_gpu_or_estimates():
+    names = [["nospec", "spec"]]
+    assert "NVML" in group_fit.check(names, _sizes(names[0], 99.0), None)["skipped"]
+    sizes = {"nospec": {"skipped": "no weight files in T"}, "spec": {"total": 99.0}}
+    out = group_fit.check(names, sizes, H100_MIB)
+    assert out["skipped"] == "no weight files in T" and "refused" not in out
+
+
+def test_bench_refuses_a_group_that_does_not_fit_before_starting_any(tmp_path, monkeypatch, capsys):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"input_ids": [k + 1]}) + "\n" for k in range(4)))
+    target = _model(tmp_path / "target", MLA, int(25.3 * GIB))
+    drafter = _model(tmp_path / "drafter", {"draft_vocab_size": 32000}, int(0.9 * GIB))
+    monkeypatch.setattr(bs, "gpu_info", lambda: {"name": "H100", "memory_total_mib": H100_MIB})
+    monkeypatch.setattr(bs, "start_all", lambda *a: pytest.fail("a server was started"))
+    argv = ["--target", str(target), "--drafter", str(drafter), "--prompts", str(prompts),
+            "--settings", "3,1,4", "5,1,6", "--at-once", "3", "--max-total-tokens", "16384",
+            "--out-json", str(tmp_path / "r.json")]  # fmt: skip
+    assert bs.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "error: --at-once 3: group ['nospec', 'spec-3-1-4', 'spec-5-1-6']" in err
+    assert "--at-once 2 fits" in err and not (tmp_path / "r.json").exists()
+    # the dry run shows the same estimate and exits non-zero
+    assert bs.main([*argv, "--dry-run"]) == 2
+    dry = json.loads(capsys.readouterr().out)
+    assert dry["group_fit"]["servers"]["spec-3-1-4"]["total"] == pytest.approx(28.27, abs=0.01)
+    # two at a time fit: the dry run passes
+    assert bs.main([*argv[:-2], "--at-once", "2", "--dry-run"]) == 0
