@@ -82,7 +82,9 @@
 #                                              batch 1; fa3 unless args say), the same with
 #                                              dummy weights (the cycle costs), and
 #                                              sglang-ext tune (with the target's config)
-#                                              checked against the first
+#                                              checked against the first;
+#                                              SEED_MOE_PLACEMENT=1 then times the fused MoE
+#                                              by weight placement (moe_placement)
 #   bash node/gpu_node.sh seed-pack [FIRST]    the trained small MLA target and drafter ->
 #                                              $OUT, three 16 MB parts a call (FIRST 0, 3,
 #                                              ...); here they go to .ferry/mla-fixtures.tar/,
@@ -771,6 +773,15 @@ sys.exit(0 if any(s["status"] == "ready" for s in d["servers"]) else 1)' "$OUT/s
     python3 -m sglang_ext.cli tune "$LOGS"/acceptance/spec-*.jsonl --costs "$OUT/seed-shape-probe.json" \
         --target-config "$MLA/wide-target/config.json" --against "$OUT/seed-shape.json" --json \
         >"$OUT/advisor.json" 2>>"$OUT/bench.log" || true
+    # SEED_MOE_PLACEMENT=1: with every server gone, moe_placement times SGLang's fused MoE at
+    # 1, 4 and 6 tokens with the weights at other base offsets, experts and allocations, on
+    # the config the servers had (issue #24, 2026-12-06: two servers of one config differed
+    # by 1.3 ms a step in the one-token up-projection). Into $LOGS: server-logs.tgz has it
+    if [ "${SEED_MOE_PLACEMENT:-0}" = 1 ]; then
+        rm -f "$LOGS/moe-placement.json"
+        python3 -m sglang_ext_tools.moe_placement --model "$MLA/wide-target" --tokens 1 4 6 \
+            --json "$LOGS/moe-placement.json" >"$LOGS/moe-placement.log" 2>&1 || true
+    fi
     # traces stay out (tens of MB; bench_speed puts their breakdown in its JSON's `profiles`)
     tar -czf "$OUT/server-logs.tgz" --exclude="*.trace.json.gz" -C "$LOGS" . 2>/dev/null
     exit "$status"
