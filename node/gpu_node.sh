@@ -657,6 +657,9 @@ seed-shape-bench)
     # SEED_PAIR=0: no plugin/stock pair at all (a lease cut short: the fifth run measured
     # it, pooled over two pairs, and its group's ~160 s go to the run's own question)
     if [ "${SEED_PAIR:-1}" = 0 ]; then pair=(); fi
+    # --at-once 4 is sized for an H200 (four ~28 GiB servers); --at-once-fit lowers it where
+    # a group does not fit (an H100 holds two: 2026-12-06, a third server failed SGLang's
+    # KV-cache check and its row read only exited(-9))
     # SEED_PREFILL_GRAPH=breakable: every server with SGLang 0.5.23's own default for this
     # model, a prefill CUDA graph (the bench's default is eager: its capture costs startup
     # time). 2026-12-03: a first token took 157 ms, 18.6 ms of it GPU kernels
@@ -664,8 +667,9 @@ seed-shape-bench)
         python3 -m sglang_ext_tools.bench_speed --target "$MLA/wide-target" \
             --drafter "$MLA/wide-drafter" --prompts "$MLA/prompts.jsonl" \
             --settings 3,1,4 5,1,6 3,4,5 --attention-backend fa3 --max-new-tokens 128 \
-            --batch1-requests 16 --at-once 4 --mem-fraction 0.9 --max-total-tokens 16384 \
-            --startup-timeout 300 ${BENCH_PIN_CPUS:+--pin-cpus "$BENCH_PIN_CPUS"} \
+            --batch1-requests 16 --at-once 4 --at-once-fit --mem-fraction 0.9 \
+            --max-total-tokens 16384 --startup-timeout 300 \
+            ${BENCH_PIN_CPUS:+--pin-cpus "$BENCH_PIN_CPUS"} \
             ${SEED_PREFILL_GRAPH:+--prefill-graph "$SEED_PREFILL_GRAPH"} "$@"
     }
     # SGLang ships no fused-MoE kernel config for this shape: every server of 2026-12-03 logged

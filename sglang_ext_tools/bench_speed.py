@@ -279,7 +279,31 @@ def draft_vocab(path: str | Path | None) -> int | None:
 
 
 def fit_groups(specs: Sequence[Mapping[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
-    """Whether each group's servers fit the GPU together (group_fit), before any starts."""
+    """Whether each group's servers fit the GPU together (group_fit), before any starts.
+    With ``--at-once-fit`` a group that does not fit lowers ``args.at_once`` (and regroups
+    ``args.groups``) to the largest that fits; the result's ``lowered`` says from what."""
+    sizes = server_sizes(specs, args)
+    gpu_mib = gpu_info().get("memory_total_mib")
+    fit = group_fit.check(args.groups, sizes, gpu_mib)
+    if not (fit.get("refused") and args.at_once_fit):
+        return fit
+    start = args.at_once or len(specs)
+    for n in range(start - 1, 1, -1):
+        try:
+            groups = plan_groups(specs, n)
+        except ValueError:  # what must run together no longer fits a group of n
+            break
+        trial = group_fit.check(groups, sizes, gpu_mib)
+        if "refused" not in trial:
+            args.at_once, args.groups = n, groups
+            return {**trial, "lowered": {"from": start, "to": n, "because": fit["refused"]}}
+    return fit
+
+
+def server_sizes(
+    specs: Sequence[Mapping[str, Any]], args: argparse.Namespace
+) -> dict[str, dict[str, Any]]:
+    """Each spec's server estimate (group_fit.server_bytes); an alias counts nothing."""
     sizes: dict[str, dict[str, Any]] = {}
     for spec in specs:
         if spec.get("alias_of"):  # a second measurement of a server already counted
@@ -289,7 +313,7 @@ def fit_groups(specs: Sequence[Mapping[str, Any]], args: argparse.Namespace) -> 
             sizes[spec["name"]] = group_fit.server_bytes(
                 args.target, drafter, args.max_total_tokens
             )
-    return group_fit.check(args.groups, sizes, gpu_info().get("memory_total_mib"))
+    return sizes
 
 
 def make_servers(specs: Sequence[Mapping[str, Any]], args: argparse.Namespace) -> list[Server]:
@@ -1387,6 +1411,12 @@ def build_parser() -> argparse.ArgumentParser:
         "timed against the baseline in rounds of its own",
     )
     p.add_argument(
+        "--at-once-fit",
+        action="store_true",
+        help="where a group would not fit the GPU (group_fit), lower --at-once until every "
+        "group fits instead of refusing (a seed-shape run sized for an H200 on an H100)",
+    )
+    p.add_argument(
         "--variant",
         action="append",
         type=parse_variant,
@@ -1853,6 +1883,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     specs = args.specs
     servers = make_servers(specs, args)
+    at_once = args.at_once
+    fit = fit_groups(specs, args)
+    if fit.get("refused"):
+        print(f"error: --at-once {at_once}: {fit['refused']}", file=sys.stderr)
+    elif fit.get("lowered"):
+        print(
+            f"--at-once-fit: --at-once {at_once} -> {args.at_once} ({fit['lowered']['because']})",
+            file=sys.stderr,
+        )
     plan = grouped_plan(
         args.groups,
         args.batches,
@@ -1861,9 +1900,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         len(prompts),
         args.batch1_requests,
     )
-    fit = fit_groups(specs, args)
-    if fit.get("refused"):
-        print(f"error: --at-once {args.at_once}: {fit['refused']}", file=sys.stderr)
     if args.dry_run:
         dry = {
             "group_fit": fit,

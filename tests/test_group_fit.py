@@ -94,3 +94,27 @@ def test_bench_refuses_a_group_that_does_not_fit_before_starting_any(tmp_path, m
     assert dry["group_fit"]["servers"]["spec-3-1-4"]["total"] == pytest.approx(28.27, abs=0.01)
     # two at a time fit: the dry run passes
     assert bs.main([*argv[:-2], "--at-once", "2", "--dry-run"]) == 0
+
+
+def test_at_once_fit_lowers_at_once_until_every_group_fits(tmp_path, monkeypatch, capsys):
+    """--at-once-fit: the H100 fallback of a run sized for an H200 regroups instead of
+    refusing, and the result says from what and why."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"input_ids": [k + 1]}) + "\n" for k in range(4)))
+    target = _model(tmp_path / "target", MLA, int(25.3 * GIB))
+    drafter = _model(tmp_path / "drafter", {"draft_vocab_size": 32000}, int(0.9 * GIB))
+    monkeypatch.setattr(bs, "gpu_info", lambda: {"name": "H100", "memory_total_mib": H100_MIB})
+    monkeypatch.setattr(bs, "start_all", lambda *a: pytest.fail("a server was started"))
+    base = ["--target", str(target), "--drafter", str(drafter), "--prompts", str(prompts),
+            "--settings", "3,1,4", "5,1,6", "--max-total-tokens", "16384", "--dry-run",
+            "--at-once-fit"]  # fmt: skip
+    for at_once in (["--at-once", "3"], []):  # given, and all at once (the default)
+        assert bs.main([*base, *at_once]) == 0
+        dry = json.loads(capsys.readouterr().out)
+        assert dry["groups"] == [["nospec", "spec-3-1-4"], ["nospec", "spec-5-1-6"]]
+        assert dry["group_fit"]["lowered"]["from"] == 3 and dry["group_fit"]["lowered"]["to"] == 2
+        assert "--at-once 2 fits" in dry["group_fit"]["lowered"]["because"]
+    # where not even two fit, it still refuses
+    monkeypatch.setattr(bs, "gpu_info", lambda: {"name": "small", "memory_total_mib": 40000})
+    assert bs.main(base) == 2
+    assert "not even the baseline and one server fit" in capsys.readouterr().err
