@@ -797,7 +797,25 @@ def test_profile_server_asks_sglang_to_profile_and_reads_its_trace(tmp_path, mon
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     try:
         server = Server("spec-5-1-6", "/t", httpd.server_address[1])
-        monkeypatch.setattr(bs, "_run", lambda *a: ([], 1.0))
+        watched = []
+
+        class Watch:  # GpuWatch's stand-in: what ran inside it, and its summary
+            def __enter__(self):
+                watched.append("entered")
+                return self
+
+            def __exit__(self, *exc):
+                watched.append("left")
+
+            def summary(self):
+                return {"sm_mhz_median": 1410, "while": "traced"}
+
+        def run(*a):
+            assert watched == ["entered"]  # the request runs inside the watch
+            return [], 1.0
+
+        monkeypatch.setattr(bs, "_run", run)
+        monkeypatch.setattr(bs, "GpuWatch", Watch)
         monkeypatch.setattr(bs.time, "sleep", lambda s: None)
         args = bs.parse_args(["--target", "t", "--drafter", "d", "--prompts", "p",
                               "--log-dir", str(tmp_path), "--profile", "--profile-steps", "7"])
@@ -815,6 +833,8 @@ def test_profile_server_asks_sglang_to_profile_and_reads_its_trace(tmp_path, mon
     assert out["kernel_families"]["target_graph"]["merge_state"]["calls_per_cycle"] == 0.0
     # and the host's side of the same cycles (trace_host): three graph launches each
     assert out["host"]["calls_per_cycle"]["graph_launch"] == 3.0
+    # the traced request's clock is recorded as a timed one's is
+    assert out["gpu_watch"] == {"sm_mhz_median": 1410, "while": "traced"}
 
 
 def test_a_flag_variant_runs_the_main_drafter_with_that_server_argument():
