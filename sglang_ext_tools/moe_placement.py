@@ -3,7 +3,7 @@
 2026-12-06 (issue #24, the eighth seed-shape run, one H100): the traced requests of two
 no-speculation servers of one target and one tuned MoE config file spent 1,978 and 3,288 us
 a decode step in the one-token up-projection (`fused_moe_kernel`, 128 blocks: one per SM),
-and the same in the down-projection (1,792 blocks). 5/1/6's verify cycle on the H200 moves
+and 845 and 839 us in the down-projection (1,792 blocks). 5/1/6's verify cycle on the H200 moves
 by the same 1.3 ms between servers (timed, not traced). One suspect is placement. With one
 block per SM, each block streams its own 458 KB slice of an expert's weights at a fixed
 stride. Whether those strides hit the memory partitions evenly depends on the tensor's base
