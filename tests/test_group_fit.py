@@ -74,16 +74,24 @@ def test_no_check_without_gpu_or_estimates():
     assert out["skipped"] == "no weight files in T" and "refused" not in out
 
 
-def test_bench_refuses_a_group_that_does_not_fit_before_starting_any(tmp_path, monkeypatch, capsys):
+@pytest.fixture
+def rank_shape_on_h100(tmp_path, monkeypatch):
+    """bench_speed's arguments for the rank-shape pair (its weight files' sizes, sparse) on
+    an H100 that starts no server: --target, --drafter, --prompts."""
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"input_ids": [k + 1]}) + "\n" for k in range(4)))
     target = _model(tmp_path / "target", MLA, int(25.3 * GIB))
     drafter = _model(tmp_path / "drafter", {"draft_vocab_size": 32000}, int(0.9 * GIB))
     monkeypatch.setattr(bs, "gpu_info", lambda: {"name": "H100", "memory_total_mib": H100_MIB})
     monkeypatch.setattr(bs, "start_all", lambda *a: pytest.fail("a server was started"))
-    argv = ["--target", str(target), "--drafter", str(drafter), "--prompts", str(prompts),
-            "--settings", "3,1,4", "5,1,6", "--at-once", "3", "--max-total-tokens", "16384",
-            "--out-json", str(tmp_path / "r.json")]  # fmt: skip
+    return ["--target", str(target), "--drafter", str(drafter), "--prompts", str(prompts)]
+
+
+def test_bench_refuses_a_group_that_does_not_fit_before_starting_any(
+    rank_shape_on_h100, tmp_path, capsys
+):
+    argv = [*rank_shape_on_h100, "--settings", "3,1,4", "5,1,6", "--at-once", "3",
+            "--max-total-tokens", "16384", "--out-json", str(tmp_path / "r.json")]  # fmt: skip
     assert bs.main(argv) == 2
     err = capsys.readouterr().err
     assert "error: --at-once 3: group ['nospec', 'spec-3-1-4', 'spec-5-1-6']" in err
@@ -96,18 +104,11 @@ def test_bench_refuses_a_group_that_does_not_fit_before_starting_any(tmp_path, m
     assert bs.main([*argv[:-2], "--at-once", "2", "--dry-run"]) == 0
 
 
-def test_at_once_fit_lowers_at_once_until_every_group_fits(tmp_path, monkeypatch, capsys):
+def test_at_once_fit_lowers_at_once_until_every_group_fits(rank_shape_on_h100, monkeypatch, capsys):
     """--at-once-fit: the H100 fallback of a run sized for an H200 regroups instead of
     refusing, and the result says from what and why."""
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"input_ids": [k + 1]}) + "\n" for k in range(4)))
-    target = _model(tmp_path / "target", MLA, int(25.3 * GIB))
-    drafter = _model(tmp_path / "drafter", {"draft_vocab_size": 32000}, int(0.9 * GIB))
-    monkeypatch.setattr(bs, "gpu_info", lambda: {"name": "H100", "memory_total_mib": H100_MIB})
-    monkeypatch.setattr(bs, "start_all", lambda *a: pytest.fail("a server was started"))
-    base = ["--target", str(target), "--drafter", str(drafter), "--prompts", str(prompts),
-            "--settings", "3,1,4", "5,1,6", "--max-total-tokens", "16384", "--dry-run",
-            "--at-once-fit"]  # fmt: skip
+    base = [*rank_shape_on_h100, "--settings", "3,1,4", "5,1,6", "--max-total-tokens",
+            "16384", "--dry-run", "--at-once-fit"]  # fmt: skip
     for at_once in (["--at-once", "3"], []):  # given, and all at once (the default)
         assert bs.main([*base, *at_once]) == 0
         dry = json.loads(capsys.readouterr().out)
