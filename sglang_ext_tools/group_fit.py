@@ -21,21 +21,21 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from sglang_ext.drafter.checkpoint_files import DrafterLoadError, weight_files
+
 GIB = 1 << 30
 # Per server, beyond weights and KV: CUDA context, graph pools, allocator slack. 2026-12-06
 # (H100, the rerun's logs, two servers started together): each held ~26.5 GiB, against 25.3
 # of target weights, 0.9 of drafter and 1.1 of KV cache; the checks passed with 26.7 GiB
 # left. 1 GiB keeps a group that fitted there fitting here.
 OVERHEAD_GIB = 1.0
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
 
 
-def weights_bytes(model_dir: str | Path | None) -> int | None:
-    """The bytes of a model directory's weight files; None without any (or no directory)."""
-    if not model_dir:
-        return None
-    files = [p for p in Path(model_dir).glob("*") if p.suffix in WEIGHT_SUFFIXES]
-    return sum(p.stat().st_size for p in files) if files else None
+def weights_bytes(model_dir: str | Path) -> int:
+    """The bytes of the weight files SGLang loads from a model directory (an index's shards,
+    else its safetensors, else its pickles: ``checkpoint_files.weight_files``, which raises
+    ``DrafterLoadError`` naming what is missing)."""
+    return sum(p.stat().st_size for p in weight_files(model_dir))
 
 
 def kv_bytes_per_token(config: Mapping[str, Any], dtype_bytes: int = 2) -> int | None:
@@ -72,13 +72,14 @@ def server_bytes(
     """One server's estimate, in GiB by part, or ``skipped`` saying why there is none."""
     if not max_total_tokens:
         return {"skipped": "no --max-total-tokens: SGLang sizes each pool from --mem-fraction"}
-    target_w = weights_bytes(target)
-    if target_w is None:
-        return {"skipped": f"no weight files in {target}"}
+    try:
+        target_w = weights_bytes(target)
+        drafter_w = weights_bytes(drafter) if drafter else 0
+    except DrafterLoadError as exc:
+        return {"skipped": f"no weight files SGLang loads: {exc}"}
     per_token = kv_bytes_per_token(_config(target))
     if per_token is None:
         return {"skipped": f"{target}/config.json: no KV geometry (num_hidden_layers, heads)"}
-    drafter_w = weights_bytes(drafter) or 0
     parts = {
         "target_weights": target_w / GIB,
         "drafter_weights": drafter_w / GIB,

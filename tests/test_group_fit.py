@@ -45,6 +45,10 @@ def test_server_bytes_sums_weights_kv_and_overhead(tmp_path):
     empty = tmp_path / "dummy"
     empty.mkdir()
     assert "no weight files" in group_fit.server_bytes(empty, None, 16384)["skipped"]
+    # what SGLang loads: a safetensors file beside a pickle of the same weights counts once
+    with (tmp_path / "t" / "pytorch_model.bin").open("wb") as f:
+        f.truncate(int(25.3 * GIB))
+    assert group_fit.server_bytes(target, drafter, 16384)["target_weights"] == 25.3
 
 
 def _sizes(names, total):
