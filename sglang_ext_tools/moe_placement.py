@@ -29,6 +29,7 @@ import argparse
 import dataclasses
 import datetime as dt
 import json
+import math
 import os
 import random
 import statistics
@@ -39,7 +40,7 @@ from typing import Any
 
 from sglang_ext_tools.gpu_watch import gpu_info
 from sglang_ext_tools.json_out import emit
-from sglang_ext_tools.tune_moe import MoeShape, _timer, sglang_context
+from sglang_ext_tools.tune_moe import MoeShape, _timer, expert_weights, sglang_context
 
 ARMS = ("offsets", "experts", "draws")
 
@@ -74,6 +75,11 @@ def spread(times_us: Mapping[Any, float]) -> dict[str, Any]:
     }
 
 
+def summarized(rows: Mapping[int, Mapping[Any, float]]) -> dict[int, dict[str, Any]]:
+    """An arm's timings per token count, each with its ``spread``."""
+    return {m: {"us": dict(r), **spread(r)} for m, r in rows.items()}
+
+
 def routed_ids(m: int, topk: int, experts: int, expert: int, device: str = "cpu"):
     """Top-k ids sending every one of ``m`` tokens to ``expert`` and, where ``topk`` > 1, the
     experts after it (wrapping): the weights read sit at one place (int32, as SGLang's)."""
@@ -86,10 +92,7 @@ def routed_ids(m: int, topk: int, experts: int, expert: int, device: str = "cpu"
 def placed(buf, offset_bytes: int, shape: Sequence[int]):
     """A view of ``buf`` (bf16) starting ``offset_bytes`` in, of ``shape``."""
     start = offset_bytes // buf.element_size()
-    numel = 1
-    for d in shape:
-        numel *= d
-    return buf[start : start + numel].view(*shape)
+    return buf[start : start + math.prod(shape)].view(*shape)
 
 
 def measure(
@@ -107,12 +110,9 @@ def measure(
     from sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe import fused_experts
     from sglang.srt.layers.moe.topk import StandardTopKOutput
 
-    torch.manual_seed(0)
     dev, dt = "cuda", torch.bfloat16
-    e, n, k = shape.experts, shape.intermediate, shape.hidden
-    s1, s2 = (e, 2 * n, k), (e, k, n)
-    w1 = torch.randn(*s1, device=dev, dtype=dt) * k**-0.5
-    w2 = torch.randn(*s2, device=dev, dtype=dt) * n**-0.5
+    e, k = shape.experts, shape.hidden
+    w1, w2 = expert_weights(shape)
     runner = MoeRunnerConfig(inplace=False, top_k=shape.topk)
 
     def call(m: int, a, b, expert: int):
@@ -132,16 +132,16 @@ def measure(
         buf2 = torch.empty(w2.numel() + top // 2, device=dev, dtype=dt)
         rows: dict[int, dict[int, float]] = {m: {} for m in tokens}
         for off in offsets:
-            a, b = placed(buf1, off, s1), placed(buf2, off, s2)
+            a, b = placed(buf1, off, w1.shape), placed(buf2, off, w2.shape)
             a.copy_(w1)
             b.copy_(w2)
             for m in tokens:
                 rows[m][off] = timed(call(m, a, b, 0))
         del buf1, buf2
-        out["offsets"] = {m: {"us": r, **spread(r)} for m, r in rows.items()}
+        out["offsets"] = summarized(rows)
     if "experts" in arms:
         rows = {m: {x: timed(call(m, w1, w2, x)) for x in range(e)} for m in tokens}
-        out["experts"] = {m: {"us": r, **spread(r)} for m, r in rows.items()}
+        out["experts"] = summarized(rows)
     if "draws" in arms:
         rows = {m: {} for m in tokens}
         keep = []  # each draw's tensors stay allocated, so the next lands elsewhere
@@ -152,7 +152,7 @@ def measure(
             keep.append((a, b))
             for m in tokens:
                 rows[m][d] = timed(call(m, a, b, 0))
-        out["draws"] = {m: {"us": r, **spread(r)} for m, r in rows.items()}
+        out["draws"] = summarized(rows)
         out["draw_addresses"] = [a.data_ptr() for a, _ in keep]
     return out
 

@@ -245,6 +245,19 @@ def shared_mlp(x, gate_up, down, silu_and_mul):
     return F.linear(act, down)
 
 
+def expert_weights(shape: MoeShape, device: str = "cuda"):
+    """Seeded random bf16 expert weights of ``shape`` as SGLang's fused MoE takes them: the
+    gate-up projection (E, 2N, K) and the down projection (E, K, N), scaled by fan-in. Seeds
+    torch's generator (0), as the timings that follow it expect."""
+    import torch
+
+    torch.manual_seed(0)
+    e, n, k = shape.experts, shape.intermediate, shape.hidden
+    w1 = torch.randn(e, 2 * n, k, device=device, dtype=torch.bfloat16) * k**-0.5
+    w2 = torch.randn(e, k, n, device=device, dtype=torch.bfloat16) * n**-0.5
+    return w1, w2
+
+
 def tune(
     shape: MoeShape,
     tokens,
@@ -262,11 +275,9 @@ def tune(
     from sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe import fused_experts
     from sglang.srt.layers.moe.topk import StandardTopKOutput
 
-    torch.manual_seed(0)
     dev, dt = "cuda", torch.bfloat16
-    e, n, k = shape.experts, shape.intermediate, shape.hidden
-    w1 = torch.randn(e, 2 * n, k, device=dev, dtype=dt) * k**-0.5
-    w2 = torch.randn(e, k, n, device=dev, dtype=dt) * n**-0.5
+    e, k = shape.experts, shape.hidden
+    w1, w2 = expert_weights(shape)
     runner = MoeRunnerConfig(inplace=False, top_k=shape.topk)
     if beside_shared:
         from sglang.srt.layers.activation import silu_and_mul
