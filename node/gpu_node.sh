@@ -779,8 +779,9 @@ sys.exit(0 if any(s["status"] == "ready" for s in d["servers"]) else 1)' "$OUT/s
         >"$OUT/advisor.json" 2>>"$OUT/bench.log" || true
     # SEED_MOE_PLACEMENT=1: with every server gone, moe_placement times SGLang's fused MoE at
     # 1, 4 and 6 tokens with the weights at other base offsets, experts and allocations, on
-    # the config the servers had (issue #24, 2026-12-06: two servers of one config differed
-    # by 1.3 ms a step in the one-token up-projection). Into $LOGS: server-logs.tgz has it
+    # the config the servers had (issue #24, 2026-12-06: the traced requests of two servers
+    # of one config differed by 1.3 ms a step in the one-token up-projection; their timed
+    # rounds did not). Into $LOGS: server-logs.tgz has it
     if [ "${SEED_MOE_PLACEMENT:-0}" = 1 ]; then
         rm -f "$LOGS/moe-placement.json"
         python3 -m sglang_ext_tools.moe_placement --model "$MLA/wide-target" --tokens 1 4 6 \
