@@ -773,10 +773,16 @@ sys.exit(0 if any(s["status"] == "ready" for s in d["servers"]) else 1)' "$OUT/s
         mv "$OUT/seed-shape-probe.json" "$OUT/seed-shape-probe-fa3-failed.json" 2>/dev/null || true
         if [ "${SEED_PROBE:-twin}" != none ]; then probe_on triton; fi
     fi
-    # (spec-*: the main drafter's servers; the converted pair's records are another drafter)
-    python3 -m sglang_ext.cli tune "$LOGS"/acceptance/spec-*.jsonl --costs "$OUT/seed-shape-probe.json" \
-        --target-config "$MLA/wide-target/config.json" --against "$OUT/seed-shape.json" --json \
-        >"$OUT/advisor.json" 2>>"$OUT/bench.log" || true
+    # (spec-*: the main drafter's servers; the converted pair's records are another drafter).
+    # Without a probe there are no costs to advise from: said in the log, no empty advisor.json
+    if [ -f "$OUT/seed-shape-probe.json" ]; then
+        python3 -m sglang_ext.cli tune "$LOGS"/acceptance/spec-*.jsonl \
+            --costs "$OUT/seed-shape-probe.json" --target-config "$MLA/wide-target/config.json" \
+            --against "$OUT/seed-shape.json" --json >"$OUT/advisor.json" 2>>"$OUT/bench.log" || true
+    else
+        echo "advisor: no zero-acceptance probe in this run (SEED_PROBE=none), no advice" \
+            | tee -a "$OUT/bench.log"
+    fi
     # SEED_MOE_PLACEMENT=1: with every server gone, moe_placement times SGLang's fused MoE at
     # 1, 4 and 6 tokens with the weights at other base offsets, experts and allocations, on
     # the config the servers had (issue #24, 2026-12-06: the traced requests of two servers

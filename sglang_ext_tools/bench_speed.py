@@ -284,7 +284,7 @@ def fit_groups(specs: Sequence[Mapping[str, Any]], args: argparse.Namespace) -> 
     ``args.groups``) to the largest that fits; the result's ``lowered`` says from what."""
     sizes = server_sizes(specs, args)
     gpu_mib = gpu_info().get("memory_total_mib")
-    fit = group_fit.check(args.groups, sizes, gpu_mib)
+    fit = group_fit.check(args.groups, sizes, gpu_mib, args.mem_fraction)
     if not (fit.get("refused") and args.at_once_fit):
         return fit
     start = args.at_once or len(specs)
@@ -293,7 +293,7 @@ def fit_groups(specs: Sequence[Mapping[str, Any]], args: argparse.Namespace) -> 
             groups = plan_groups(specs, n)
         except ValueError:  # what must run together no longer fits a group of n
             break
-        trial = group_fit.check(groups, sizes, gpu_mib)
+        trial = group_fit.check(groups, sizes, gpu_mib, args.mem_fraction)
         if "refused" not in trial:
             args.at_once, args.groups = n, groups
             return {**trial, "lowered": {"from": start, "to": n, "because": fit["refused"]}}
@@ -310,10 +310,27 @@ def server_sizes(
             sizes[spec["name"]] = {"total": 0.0, "alias_of": spec["alias_of"]}
         else:
             drafter = drafter_path(spec, args)
+            extra = [*server_extra_args(args), *(spec.get("extra") or [])]
             sizes[spec["name"]] = group_fit.server_bytes(
-                args.target, drafter, args.max_total_tokens
+                args.target,
+                drafter,
+                args.max_total_tokens,
+                captures_prefill_graph(args.prefill_graph, extra),
             )
     return sizes
+
+
+def captures_prefill_graph(prefill_graph: str, extra: Sequence[str]) -> bool:
+    """Whether a server captures SGLang's prefill graph: ``--prefill-graph`` for every server,
+    or its own flags (a variant's ``--cuda-graph-backend-prefill=breakable``; the last one
+    given wins, as in argparse)."""
+    backend = prefill_graph
+    for k, arg in enumerate(extra):
+        if arg.startswith("--cuda-graph-backend-prefill="):
+            backend = arg.split("=", 1)[1]
+        elif arg == "--cuda-graph-backend-prefill" and k + 1 < len(extra):
+            backend = extra[k + 1]
+    return backend != "disabled"
 
 
 def make_servers(specs: Sequence[Mapping[str, Any]], args: argparse.Namespace) -> list[Server]:

@@ -59,22 +59,41 @@ def test_the_2026_12_06_h100_group_is_refused_and_two_fit():
     """Three rank-shape servers (~28.3 GiB each) on an H100, as the eighth run started them:
     refused, naming each server and the --at-once that fits; two fit; four fit an H200."""
     three = [["nospec", "spec-5-1-6", "spec-5-1-6-pg"]]
-    out = group_fit.check(three, _sizes(three[0], 28.3), H100_MIB)
+    out = group_fit.check(three, _sizes(three[0], 28.3), H100_MIB, 0.9)
     assert "spec-5-1-6-pg 28.3" in out["refused"] and "--at-once 2 fits" in out["refused"]
     assert out["groups"] == [{"servers": three[0], "gib": 84.9}]
     two = [["nospec", "spec-3-1-4"]]
-    assert "refused" not in group_fit.check(two, _sizes(two[0], 28.3), H100_MIB)
+    assert "refused" not in group_fit.check(two, _sizes(two[0], 28.3), H100_MIB, 0.9)
     four = [["nospec", "spec-5-1-6", "b", "c"]]
-    assert "refused" not in group_fit.check(four, _sizes(four[0], 28.3), H200_MIB)
-    huge = group_fit.check(two, _sizes(two[0], 60.0), H100_MIB)
+    assert "refused" not in group_fit.check(four, _sizes(four[0], 28.3), H200_MIB, 0.9)
+    huge = group_fit.check(two, _sizes(two[0], 60.0), H100_MIB, 0.9)
     assert "not even the baseline and one server fit" in huge["refused"]
+
+
+def test_the_bound_is_mem_fraction_of_the_gpu_not_all_of_it():
+    """2026-12-06, fourteenth session: the estimate of three rank-shape servers (the run's
+    group_fit record) was 78.36 GiB on an H100's 79.65. Against the whole GPU that fitted,
+    and SGLang refused two of the three at --mem-fraction 0.9 (its KV-cache check asked for
+    0.958 and 0.961). Against 0.9 of the GPU (71.7 GiB) the group is refused, and pairs fit."""
+    sizes = {"nospec": {"total": 25.66}, "spec-5-1-6": {"total": 26.35}, "b": {"total": 26.35}}
+    group = [list(sizes)]
+    assert "refused" not in group_fit.check(group, sizes, H100_MIB, 1.0)  # the old rule
+    out = group_fit.check(group, sizes, H100_MIB, 0.9)
+    assert out["bound_gib"] == pytest.approx(71.68, abs=0.01)
+    assert "over 71.7 GiB: --mem-fraction 0.9 of a 79.6 GiB GPU" in out["refused"]
+    assert "--at-once 2 fits" in out["refused"]
+    pairs = [["nospec", "spec-5-1-6"], ["nospec", "b"]]
+    assert "refused" not in group_fit.check(pairs, sizes, H100_MIB, 0.9)
+    # the seventh run's four servers on an H200 (they all started) pass the same bound
+    four = {**sizes, "c": {"total": 26.35}}
+    assert "refused" not in group_fit.check([list(four)], four, H200_MIB, 0.9)
 
 
 def test_no_check_without_gpu_or_estimates():
     names = [["nospec", "spec"]]
-    assert "NVML" in group_fit.check(names, _sizes(names[0], 99.0), None)["skipped"]
+    assert "NVML" in group_fit.check(names, _sizes(names[0], 99.0), None, 0.9)["skipped"]
     sizes = {"nospec": {"skipped": "no weight files in T"}, "spec": {"total": 99.0}}
-    out = group_fit.check(names, sizes, H100_MIB)
+    out = group_fit.check(names, sizes, H100_MIB, 0.9)
     assert out["skipped"] == "no weight files in T" and "refused" not in out
 
 
@@ -84,8 +103,9 @@ def rank_shape_on_h100(tmp_path, monkeypatch):
     an H100 that starts no server: --target, --drafter, --prompts."""
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"input_ids": [k + 1]}) + "\n" for k in range(4)))
-    target = _model(tmp_path / "target", MLA, int(25.3 * GIB))
-    drafter = _model(tmp_path / "drafter", {"draft_vocab_size": 32000}, int(0.9 * GIB))
+    # the rank shape's weight files (the fourteenth session's group_fit record)
+    target = _model(tmp_path / "target", MLA, int(23.58 * GIB))
+    drafter = _model(tmp_path / "drafter", {"draft_vocab_size": 32000}, int(0.69 * GIB))
     monkeypatch.setattr(bs, "gpu_info", lambda: {"name": "H100", "memory_total_mib": H100_MIB})
     monkeypatch.setattr(bs, "start_all", lambda *a: pytest.fail("a server was started"))
     return ["--target", str(target), "--drafter", str(drafter), "--prompts", str(prompts)]
@@ -94,8 +114,9 @@ def rank_shape_on_h100(tmp_path, monkeypatch):
 def test_bench_refuses_a_group_that_does_not_fit_before_starting_any(
     rank_shape_on_h100, tmp_path, capsys
 ):
-    argv = [*rank_shape_on_h100, "--settings", "3,1,4", "5,1,6", "--at-once", "3",
-            "--max-total-tokens", "16384", "--out-json", str(tmp_path / "r.json")]  # fmt: skip
+    argv = [*rank_shape_on_h100, "--settings", "3,1,4", "5,1,6", "--mem-fraction", "0.9",
+            "--at-once", "3", "--max-total-tokens", "16384",
+            "--out-json", str(tmp_path / "r.json")]  # fmt: skip
     assert bs.main(argv) == 2
     err = capsys.readouterr().err
     assert "error: --at-once 3: group ['nospec', 'spec-3-1-4', 'spec-5-1-6']" in err
@@ -103,7 +124,7 @@ def test_bench_refuses_a_group_that_does_not_fit_before_starting_any(
     # the dry run shows the same estimate and exits non-zero
     assert bs.main([*argv, "--dry-run"]) == 2
     dry = json.loads(capsys.readouterr().out)
-    assert dry["group_fit"]["servers"]["spec-3-1-4"]["total"] == pytest.approx(28.27, abs=0.01)
+    assert dry["group_fit"]["servers"]["spec-3-1-4"]["total"] == pytest.approx(26.34, abs=0.01)
     # two at a time fit: the dry run passes
     assert bs.main([*argv[:-2], "--at-once", "2", "--dry-run"]) == 0
 
@@ -111,8 +132,8 @@ def test_bench_refuses_a_group_that_does_not_fit_before_starting_any(
 def test_at_once_fit_lowers_at_once_until_every_group_fits(rank_shape_on_h100, monkeypatch, capsys):
     """--at-once-fit: the H100 fallback of a run sized for an H200 regroups instead of
     refusing, and the result says from what and why."""
-    base = [*rank_shape_on_h100, "--settings", "3,1,4", "5,1,6", "--max-total-tokens",
-            "16384", "--dry-run", "--at-once-fit"]  # fmt: skip
+    base = [*rank_shape_on_h100, "--settings", "3,1,4", "5,1,6", "--mem-fraction", "0.9",
+            "--max-total-tokens", "16384", "--dry-run", "--at-once-fit"]  # fmt: skip
     for at_once in (["--at-once", "3"], []):  # given, and all at once (the default)
         assert bs.main([*base, *at_once]) == 0
         dry = json.loads(capsys.readouterr().out)
@@ -123,3 +144,39 @@ def test_at_once_fit_lowers_at_once_until_every_group_fits(rank_shape_on_h100, m
     monkeypatch.setattr(bs, "gpu_info", lambda: {"name": "small", "memory_total_mib": 40000})
     assert bs.main(base) == 2
     assert "not even the baseline and one server fit" in capsys.readouterr().err
+
+
+def test_prefill_graph_counts_per_server(tmp_path):
+    target = _model(tmp_path / "t", MLA, int(23.58 * GIB))
+    plain = group_fit.server_bytes(target, None, 16384)
+    graph = group_fit.server_bytes(target, None, 16384, prefill_graph=True)
+    assert "prefill_graph" not in plain
+    assert graph["total"] == pytest.approx(plain["total"] + group_fit.PREFILL_GRAPH_GIB, abs=0.01)
+    # which servers capture it: --prefill-graph for all, or a variant's own flag (last wins)
+    assert bs.captures_prefill_graph("breakable", [])
+    assert not bs.captures_prefill_graph("disabled", ["--max-total-tokens", "16384"])
+    assert bs.captures_prefill_graph("disabled", ["--cuda-graph-backend-prefill", "breakable"])
+    assert bs.captures_prefill_graph("disabled", ["--cuda-graph-backend-prefill=breakable"])
+    assert not bs.captures_prefill_graph("breakable", ["--cuda-graph-backend-prefill=disabled"])
+
+
+def test_the_fourteenth_sessions_h100_command_regroups_into_pairs(rank_shape_on_h100, capsys):
+    """The command that lost both 5/1/6 servers on 2026-12-06 (every server with the prefill
+    graph, a twin of 5/1/6, --at-once 4 lowered by --at-once-fit): its dry run now plans the
+    pairs that fit, and a pg variant alone is counted with its graph."""
+    argv = [*rank_shape_on_h100, "--settings", "3,1,4", "5,1,6", "--variant",
+            "b@5,1,6:SGLANG_EXT_INSTANCE=b", "--mem-fraction", "0.9", "--max-total-tokens",
+            "16384", "--prefill-graph", "breakable", "--at-once", "4", "--at-once-fit",
+            "--dry-run"]  # fmt: skip
+    assert bs.main(argv) == 0
+    dry = json.loads(capsys.readouterr().out)
+    assert dry["groups"] == [
+        ["nospec", "spec-3-1-4"], ["nospec", "spec-5-1-6"], ["nospec", "spec-5-1-6-b"]
+    ]  # fmt: skip
+    assert all("prefill_graph" in s for s in dry["group_fit"]["servers"].values())
+    argv = [*rank_shape_on_h100, "--settings", "5,1,6", "--variant",
+            "pg@5,1,6:--cuda-graph-backend-prefill=breakable", "--mem-fraction", "0.9",
+            "--max-total-tokens", "16384", "--at-once", "2", "--dry-run"]  # fmt: skip
+    assert bs.main(argv) == 0
+    servers = json.loads(capsys.readouterr().out)["group_fit"]["servers"]
+    assert "prefill_graph" in servers["spec-5-1-6-pg"] and "prefill_graph" not in servers["nospec"]

@@ -245,12 +245,15 @@ def test_a_speed_bench_stopped_at_its_limit_still_packs_the_server_logs(tmp_path
 @pytest.mark.skipif(shutil.which("timeout") is None, reason="needs coreutils timeout")
 def test_a_seed_shape_bench_stopped_at_its_limit_skips_to_the_advisor_and_the_logs(tmp_path):
     """Stopped inside its probe, the seed-shape bench starts no trained matrix (the device
-    time is spent), still runs the advisor on what there is and packs the server logs."""
+    time is spent), still runs the advisor on what there is (bench_speed writes its JSON
+    after every measurement: the fake probe's first) and packs the server logs."""
     fake = tmp_path / "bin"
     fake.mkdir()
     calls = tmp_path / "calls"
     (fake / "python3").write_text(
         f'#!/bin/sh\necho "$2" >> {calls}\n'
+        'case "$*" in *seed-shape-probe.json*) mkdir -p "$OUT"; '
+        'echo {} > "$OUT/seed-shape-probe.json";; esac\n'
         'case "$2" in sglang_ext_tools.bench_speed) exec sleep 30;; esac\nexit 0\n'
     )
     (fake / "python3").chmod(0o755)
@@ -268,6 +271,15 @@ def test_a_seed_shape_bench_stopped_at_its_limit_skips_to_the_advisor_and_the_lo
     assert ran.count("sglang_ext_tools.bench_speed") == 1  # the probe; no matrix after it
     assert ran[-1] == "sglang_ext.cli"  # the advisor (tune) still ran
     assert (tmp_path / "out" / "server-logs.tgz").is_file()
+    # SEED_PROBE=none: no probe, so no costs to advise from; said, and no empty advisor.json
+    calls.unlink()
+    shutil.rmtree(tmp_path / "out")
+    subprocess.run(["timeout", "-s", "INT", "3", "bash", str(SCRIPT), "seed-shape-bench"],
+                   env={**env, "SEED_PROBE": "none"}, cwd=ROOT, capture_output=True,
+                   check=False, timeout=60)  # fmt: skip
+    assert calls.read_text().split().count("sglang_ext.cli") == 1  # convert only, no tune
+    assert not (tmp_path / "out" / "advisor.json").exists()
+    assert "no zero-acceptance probe" in (tmp_path / "out" / "bench.log").read_text()
 
 
 @pytest.mark.skipif(
