@@ -107,7 +107,20 @@ def group_kernels(trace: Mapping[str, Any] | Graphs) -> Graphs:
     if not kernels:
         raise ValueError("the trace has no GPU kernels (was it recorded with activities GPU?)")
     target = [group for _, group, is_target in launches if is_target]
-    drafter = [group for _, group, is_target in launches if not is_target]
+    first = next((k for k, (_, _, is_target) in enumerate(launches) if is_target), len(launches))
+    # A prefill CUDA graph (SGLang's breakable one: a burst of small launches) runs before the
+    # first target decode graph and is no drafter's; its kernels count as an eager prefill's
+    # do, outside the graphs. A smaller launch there whose kernel count a later drafter launch
+    # repeats is the first cycle's draft. (2026-12-06: a no-speculation server's trace
+    # counted 62 "drafter" launches, its prefill graph's.)
+    later = {len(group) for _, group, is_target in launches[first:] if not is_target}
+    prefill = [g for _, g, is_target in launches[:first] if not is_target and len(g) not in later]
+    drafter = [
+        group
+        for k, (_, group, is_target) in enumerate(launches)
+        if not is_target and (k >= first or len(group) in later)
+    ]
+    loose = sorted(loose + [k for g in prefill for k in g], key=lambda k: k["ts"])
     return Graphs(kernels, target, drafter, loose)
 
 

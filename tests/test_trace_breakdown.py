@@ -264,3 +264,22 @@ def test_graph_streams_give_the_span_not_the_summed_kernels():
     assert breakdown(_two_stream_trace())["per_cycle_ms"]["target_graph_kernels"] == (
         pytest.approx(0.3)
     )
+
+
+def test_a_prefill_graph_before_the_first_cycle_is_no_drafter_graph():
+    """SGLang's breakable prefill graph: launches before the first target graph whose kernel
+    counts no later drafter launch repeats are the prefill's, counted outside the graphs as an
+    eager prefill is; the first cycle's draft (5 kernels, as every later one) stays the
+    drafter's."""
+    trace = _trace(cycles=2)
+    events = trace["traceEvents"]
+    for n in range(3):  # three prefill segments of 7 kernels, 10 us each, before it all
+        corr, ts = 900 + n, -1000.0 + n * 100
+        events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch_v10000",
+                       "ts": ts, "dur": 5, "args": {"correlation": corr}})  # fmt: skip
+        events += [{"ph": "X", "cat": "kernel", "name": "p", "ts": ts + k * 10, "dur": 10.0,
+                    "args": {"correlation": corr}} for k in range(7)]  # fmt: skip
+    out = breakdown(trace)
+    assert out["target_graph_launches"] == 2 and out["drafter_graph_launches"] == 4
+    assert out["per_cycle_ms"]["drafter_graph_kernels"] == pytest.approx(0.28)
+    assert out["per_cycle_ms"]["other_kernels"] == pytest.approx(0.05 + 3 * 7 * 10 / 2 / 1000)
