@@ -355,3 +355,24 @@ def test_committed_drafter_resume_lr_result_is_consistent():
     for seed, arms in full["tau_per_seed"].items():
         assert low["tau_per_seed"][seed]["stdlib"] == arms["stdlib"]
     assert low["ratio_ci95"][1] < full["ratio"]
+
+
+def test_committed_target_natural_long_result_is_consistent():
+    """2026-12-06 (fourteenth session): the natural target's drafter trained 9x accepts what
+    the reciting target's 3x drafter does (its interval holds 1), on the same targets as
+    target-natural's to the digit: only the drafter's steps differ between the two runs."""
+    result = committed_result("target-natural-long", "2026-12-06")
+    lo, hi = result["ratio_ci95"]
+    assert lo < 1 < hi
+    earlier = json.loads((ROOT / "tests/results/target-natural-2026-12-06-cpu.json").read_text())
+    for seed in result["setting"]["seeds"]:
+        long, short = f"wide-long-drafter-x9-seed{seed}", f"wide-long-drafter-x3-seed{seed}"
+        assert result["targets"][long]["heldout"] == earlier["targets"][short]["heldout"]
+        base = f"stdlib-drafter-x3-seed{seed}"
+        assert result["drafters"][base]["tau"] == earlier["drafters"][base]["tau"]
+        # 9x the steps: a lower drafter loss and more tau than 3x on the same target
+        assert (
+            result["drafters"][long]["train_last_loss"]
+            < earlier["drafters"][short]["train_last_loss"]
+        )
+        assert result["drafters"][long]["tau"] > earlier["drafters"][short]["tau"]
