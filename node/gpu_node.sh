@@ -66,6 +66,12 @@
 #                                              bundle), then (after one-install) bench_speed
 #                                              on the wide pair, detached
 #   bash node/gpu_node.sh ferry-recv; one-install BUNDLE   as for one-start
+#   bash node/gpu_node.sh moe-placement-start  carry .wh/s1, the bundle ferried first: deepen
+#                                              + widen, then (after one-install) the MoE config
+#                                              tuned on this GPU and moe_placement on it, no
+#                                              server, detached
+#   bash node/gpu_node.sh moe-placement-wait [SECS]
+#                                              watch; its results and logs -> $OUT
 #   bash node/gpu_node.sh seed-shape-wait [SECS]
 #                                              watch; fixture manifest + results -> $OUT, and
 #                                              the fresh fixtures' bundle parts while the
@@ -150,6 +156,8 @@
 #   bash node/gpu_node.sh dual-pipeline        dual-start's pipeline (from /tmp/repo)
 #   bash node/gpu_node.sh one-pipeline         one-start's pipeline (from /tmp/repo)
 #   bash node/gpu_node.sh seed-shape-pipeline  seed-shape-start's pipeline (from /tmp/repo)
+#   bash node/gpu_node.sh moe-placement-pipeline
+#                                              moe-placement-start's pipeline (from /tmp/repo)
 #   bash node/gpu_node.sh suite-on VERSION SITE GPU PORT_BASE
 #                                              the patched copy of that SGLang, then its suite
 #   bash node/gpu_node.sh public-on SITE PORT_BASE
@@ -796,6 +804,40 @@ sys.exit(0 if any(s["status"] == "ready" for s in d["servers"]) else 1)' "$OUT/s
     # traces stay out (tens of MB; bench_speed puts their breakdown in its JSON's `profiles`)
     tar -czf "$OUT/server-logs.tgz" --exclude="*.trace.json.gz" -C "$LOGS" . 2>/dev/null
     exit "$status"
+    ;;
+moe-placement-start)
+    SGLANG_EXT_SITE=/tmp/site523 start_detached moe-placement-pipeline "$SEED" UNUSED
+    ;;
+moe-placement-pipeline)
+    # SGLang's fused MoE alone by where its weights sit (moe_placement), on the carried
+    # bundle's rank-shape target and a config tuned on this GPU, no server: the seed-shape
+    # run's last step without its bench, for a lease too short for servers (~4 min after the
+    # install). Ends with DONE or FAILED; moe-placement-wait watches.
+    cd /tmp/repo
+    mkdir -p "$SEED/result"
+    ok=0
+    if bash node/gpu_node.sh seed-unpack >"$SEED/mla.log" 2>&1; then
+        while [ ! -f "$INSTALLED" ]; do sleep 2; done
+        # a fresh gpu_node.sh: its header puts the installed site's paths on PYTHONPATH
+        if bash node/gpu_node.sh pyrun python3 -m sglang_ext_tools.tune_moe \
+            --model "$MLA/wide-target" --out "$SEED/moe-configs" \
+            --json "$SEED/result/tune-moe.json" --quick --tokens 1 4 6 \
+            --time-limit "${SEED_MOE_TUNE_S:-60}" >"$SEED/result/tune-moe.log" 2>&1; then
+            export SGLANG_MOE_CONFIG_DIR=$SEED/moe-configs
+        fi
+        bash node/gpu_node.sh pyrun python3 -m sglang_ext_tools.moe_placement \
+            --model "$MLA/wide-target" --tokens 1 4 6 --json "$SEED/result/moe-placement.json" \
+            >"$SEED/result/moe-placement.log" 2>&1 && ok=1
+    fi
+    if [ "$ok" = 1 ]; then touch "$SEED/DONE"; else touch "$SEED/FAILED"; fi
+    ;;
+moe-placement-wait)
+    wait_for "$SEED" "${1:-300}"
+    tail -n 5 "$SEED/mla.log" "$SEED/result/moe-placement.log" 2>/dev/null || true
+    cp "$SEED"/result/*.json "$SEED"/result/*.log "$SEED/mla.log" "$MLA/mla-fixtures.json" \
+        "$OUT"/ 2>/dev/null || true
+    ls "$OUT"
+    [ -f "$SEED/DONE" ]
     ;;
 seed-shape-wait)
     wait_for "$SEED" "${1:-540}"
