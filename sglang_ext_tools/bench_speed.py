@@ -303,33 +303,38 @@ def fit_groups(specs: Sequence[Mapping[str, Any]], args: argparse.Namespace) -> 
 def server_sizes(
     specs: Sequence[Mapping[str, Any]], args: argparse.Namespace
 ) -> dict[str, dict[str, Any]]:
-    """Each spec's server estimate (group_fit.server_bytes); an alias counts nothing."""
+    """Each spec's server estimate (group_fit.server_bytes), read off the server make_servers
+    would start (its drafter, its command's prefill graph); an alias counts nothing."""
+    servers = {server.name: server for server in make_servers(specs, args)}
     sizes: dict[str, dict[str, Any]] = {}
     for spec in specs:
         if spec.get("alias_of"):  # a second measurement of a server already counted
             sizes[spec["name"]] = {"total": 0.0, "alias_of": spec["alias_of"]}
         else:
-            drafter = drafter_path(spec, args)
-            extra = [*server_extra_args(args), *(spec.get("extra") or [])]
+            server = servers[spec["name"]]
             sizes[spec["name"]] = group_fit.server_bytes(
                 args.target,
-                drafter,
+                server.draft,
                 args.max_total_tokens,
-                captures_prefill_graph(args.prefill_graph, extra),
+                captures_prefill_graph(server.command()),
             )
     return sizes
 
 
-def captures_prefill_graph(prefill_graph: str, extra: Sequence[str]) -> bool:
-    """Whether a server captures SGLang's prefill graph: ``--prefill-graph`` for every server,
-    or its own flags (a variant's ``--cuda-graph-backend-prefill=breakable``; the last one
-    given wins, as in argparse)."""
-    backend = prefill_graph
-    for k, arg in enumerate(extra):
-        if arg.startswith("--cuda-graph-backend-prefill="):
+PREFILL_GRAPH_FLAG = "--cuda-graph-backend-prefill"
+
+
+def captures_prefill_graph(command: Sequence[str]) -> bool:
+    """Whether a server command captures SGLang's prefill graph: the last
+    ``--cuda-graph-backend-prefill`` it gives wins, as in argparse (``--prefill-graph`` puts
+    one in every command, a variant's own flag comes after it); none given, SGLang 0.5.23's
+    default, breakable."""
+    backend = "breakable"
+    for k, arg in enumerate(command):
+        if arg.startswith(PREFILL_GRAPH_FLAG + "="):
             backend = arg.split("=", 1)[1]
-        elif arg == "--cuda-graph-backend-prefill" and k + 1 < len(extra):
-            backend = extra[k + 1]
+        elif arg == PREFILL_GRAPH_FLAG and k + 1 < len(command):
+            backend = command[k + 1]
     return backend != "disabled"
 
 

@@ -152,12 +152,15 @@ def test_prefill_graph_counts_per_server(tmp_path):
     graph = group_fit.server_bytes(target, None, 16384, prefill_graph=True)
     assert "prefill_graph" not in plain
     assert graph["total"] == pytest.approx(plain["total"] + group_fit.PREFILL_GRAPH_GIB, abs=0.01)
-    # which servers capture it: --prefill-graph for all, or a variant's own flag (last wins)
-    assert bs.captures_prefill_graph("breakable", [])
-    assert not bs.captures_prefill_graph("disabled", ["--max-total-tokens", "16384"])
-    assert bs.captures_prefill_graph("disabled", ["--cuda-graph-backend-prefill", "breakable"])
-    assert bs.captures_prefill_graph("disabled", ["--cuda-graph-backend-prefill=breakable"])
-    assert not bs.captures_prefill_graph("breakable", ["--cuda-graph-backend-prefill=disabled"])
+    # which server commands capture it: --prefill-graph's flag, or a variant's own after it
+    # (the last wins, in either spelling); no flag at all is SGLang 0.5.23's default
+    flag, off, on = "--cuda-graph-backend-prefill", "disabled", "breakable"
+    assert bs.captures_prefill_graph(["--max-total-tokens", "16384", flag, on])
+    assert not bs.captures_prefill_graph([flag, off, "--max-total-tokens", "16384"])
+    assert bs.captures_prefill_graph([flag, off, flag, on])
+    assert bs.captures_prefill_graph([flag, off, f"{flag}={on}"])
+    assert not bs.captures_prefill_graph([flag, on, f"{flag}={off}"])
+    assert bs.captures_prefill_graph(["--max-total-tokens", "16384"])
 
 
 def test_the_fourteenth_sessions_h100_command_regroups_into_pairs(rank_shape_on_h100, capsys):
