@@ -114,13 +114,11 @@ def group_kernels(trace: Mapping[str, Any] | Graphs) -> Graphs:
     # repeats is the first cycle's draft. (2026-12-06: a no-speculation server's trace
     # counted 62 "drafter" launches, its prefill graph's.)
     later = {len(group) for _, group, is_target in launches[first:] if not is_target}
-    prefill = [g for _, g, is_target in launches[:first] if not is_target and len(g) not in later]
-    drafter = [
-        group
-        for k, (_, group, is_target) in enumerate(launches)
-        if not is_target and (k >= first or len(group) in later)
-    ]
-    loose = sorted(loose + [k for g in prefill for k in g], key=lambda k: k["ts"])
+    drafter, prefill = [], []
+    for k, (_, group, is_target) in enumerate(launches):
+        if not is_target:
+            (drafter if k >= first or len(group) in later else prefill).append(group)
+    loose = sorted(loose + [kern for g in prefill for kern in g], key=lambda kern: kern["ts"])
     return Graphs(kernels, target, drafter, loose)
 
 
