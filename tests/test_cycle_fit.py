@@ -189,3 +189,48 @@ def test_every_server_of_a_run_gets_its_line_and_a_stock_server_its_reason(tmp_p
     capsys.readouterr()
     assert cycle_fit.main(argv) == 1  # the output exists: never overwritten
     assert "never overwritten" in capsys.readouterr().err
+
+
+TENTH = RESULTS / "seed-shape-2026-12-06-draws-nvidia-h100-sglang0.5.23"
+
+
+def test_the_tenth_runs_three_draws_split_one_cheap_two_dear(tmp_path):
+    """2026-12-06's tenth run (an H100): the committed cycle lines are what cycle_fit writes
+    from the run's bench and records; 5/1/6 drew the cheap cycle once and the dear one twice,
+    and the intervals separate the modes while the twins agree."""
+    out = tmp_path / "fit.json"
+    argv = ["--bench", f"{TENTH}-bench.json", "--acceptance", f"{TENTH}-bench-server-logs.tgz",
+            "--out", str(out)]  # fmt: skip
+    assert cycle_fit.main(argv) == 0
+    lines = json.loads(out.read_text())["servers"]
+    committed = json.loads(Path(f"{TENTH}-cycle-fit.json").read_text())["servers"]
+    assert lines == committed
+    cheap, b, c = (lines[s] for s in ("spec-5-1-6", "spec-5-1-6-b", "spec-5-1-6-c"))
+    assert cheap["ms_per_cycle_ci95"][1] < min(b["ms_per_cycle_ci95"][0], c["ms_per_cycle_ci95"][0])
+    assert abs(b["ms_per_cycle"] - c["ms_per_cycle"]) < 0.01
+    assert b["ms_per_cycle"] - cheap["ms_per_cycle"] == pytest.approx(1.015, abs=0.01)
+
+
+def test_the_tenth_runs_dear_mode_is_the_moe_up_projection_alone():
+    """The run's traces (bench JSON `profiles`): by launch grid, the up-projection (544 blocks
+    at 6 tokens) is 13.6 us a call dearer on both dear servers; the down-projection (7,616
+    blocks) and the costliest other kernels stay within 1 %."""
+    profiles = json.loads(Path(f"{TENTH}-bench.json").read_text())["profiles"]
+
+    def grid_us(server, grid):
+        rows = profiles[server]["kernel_grids"]["target_graph"]["fused_moe_kernel"]
+        (row,) = [r for r in rows if r["grid"][0] == grid]
+        return row["us_per_cycle"] / row["calls_per_cycle"]
+
+    def kernel_us(server, prefix):
+        rows = profiles[server]["top_kernels"]["target_graph"]
+        return next(r["us_per_cycle"] for r in rows if r["kernel"].startswith(prefix))
+
+    for dear in ("spec-5-1-6-b", "spec-5-1-6-c"):
+        assert grid_us(dear, 544) - grid_us("spec-5-1-6", 544) == pytest.approx(13.6, abs=0.2)
+        assert grid_us(dear, 7616) / grid_us("spec-5-1-6", 7616) == pytest.approx(1.0, abs=0.01)
+        for other in ("nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNT", "void cutlass::device_kernel",
+                      "void sglang::fused_a_gemm_kernel"):  # fmt: skip
+            assert kernel_us(dear, other) / kernel_us("spec-5-1-6", other) == pytest.approx(
+                1.0, abs=0.01
+            )
