@@ -331,12 +331,16 @@ def graph_streams(trace: Mapping[str, Any] | Graphs, n: int = 3) -> dict[str, An
     a launch's first kernel start to its last kernel end (what the launch costs the cycle);
     ``busy``, the time some kernel of it ran; ``overlap``, the per-stream busy times summed
     less ``busy`` (time two streams ran at once); and per stream its busy time, its kernels'
-    summed time and its costliest kernels (as ``top_kernels`` gives them). A graph whose model
-    runs a second stream (SGLang's DeepSeek layers put the shared expert there) has kernels
-    that overlap, and a kernel's recorded time then includes waiting for SMs the other stream
-    holds: summed kernel times (``breakdown``'s ``target_graph_kernels``) count both.
-    2026-12-03, the seed's rank shape: 12.6 ms of target-graph kernels summed in an 8.5 ms
-    decode step. None without a target graph."""
+    summed time, ``overlap_ms`` (the two's difference: time two of its own kernels were both
+    on the GPU) and its costliest kernels (as ``top_kernels`` gives them). Kernels overlap two
+    ways, and summed kernel times (``breakdown``'s ``target_graph_kernels``) count both twice:
+    a model that runs a second stream (SGLang's DeepSeek layers put the shared expert there),
+    and, on one stream, programmatic dependent launch (PDL). SGLang 0.5.23's Triton fused MoE
+    GEMM releases the kernel after it as it starts (``GDC_EARLY``), so the activation that
+    follows is recorded from the GEMM's start: its time contains the GEMM's. 2026-12-03, the
+    seed's rank shape: 12.6 ms of target-graph kernels summed in an 8.5 ms decode step; on
+    2026-12-06 the main stream alone summed 12.03 ms in 8.34 ms busy. None without a target
+    graph."""
     _, target, _, _ = group_kernels(trace)
     if not target:
         return None
@@ -366,6 +370,7 @@ def graph_streams(trace: Mapping[str, Any] | Graphs, n: int = 3) -> dict[str, An
             str(stream): {
                 "busy_ms": ms(stream_busy[stream]),
                 "kernel_ms": ms(_gpu_us(kernels)),
+                "overlap_ms": ms(_gpu_us(kernels) - stream_busy[stream]),
                 "kernels_per_cycle": round(len(kernels) / cycles, 2),
                 "top": _costliest(kernels, cycles, n),
             }

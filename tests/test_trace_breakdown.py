@@ -260,6 +260,7 @@ def test_graph_streams_give_the_span_not_the_summed_kernels():
         {"kernel": "shared_expert", "us_per_cycle": 100.0, "calls_per_cycle": 1.0}
     ]
     assert [k["kernel"] for k in main["top"]] == ["moe", "attn"]
+    assert main["overlap_ms"] == pytest.approx(0.0) and side["overlap_ms"] == pytest.approx(0.0)
     # the summed kernel time counts the overlapped 0.1 ms twice
     assert breakdown(_two_stream_trace())["per_cycle_ms"]["target_graph_kernels"] == (
         pytest.approx(0.3)
@@ -283,3 +284,26 @@ def test_a_prefill_graph_before_the_first_cycle_is_no_drafter_graph():
     assert out["target_graph_launches"] == 2 and out["drafter_graph_launches"] == 4
     assert out["per_cycle_ms"]["drafter_graph_kernels"] == pytest.approx(0.28)
     assert out["per_cycle_ms"]["other_kernels"] == pytest.approx(0.05 + 3 * 7 * 10 / 2 / 1000)
+
+
+def test_an_early_launch_on_one_stream_shows_as_that_streams_overlap():
+    """PDL on one stream: SGLang's fused MoE GEMM releases the activation after it as it
+    starts, so the activation is recorded from the GEMM's start. Per target launch here the
+    GEMM runs 0-60 us and the activation 5-70 us on stream 7, in 40 kernels in all."""
+    from sglang_ext_tools.trace_breakdown import graph_streams
+
+    events, corr = [], 0
+    for t in (0.0, 1000.0):
+        corr += 1
+        events.append(_launch(t, corr))
+        events.append(_kernel("gemm", t, 60, corr, 7))
+        events.append(_kernel("act", t + 5, 65, corr, 7))
+        events += [_kernel("rest", t + 70 + i, 1, corr, 7) for i in range(38)]
+        corr += 1
+        events += [_launch(t + 300, corr), _kernel("draft", t + 300, 20, corr, 7)]
+    out = graph_streams({"traceEvents": events})
+    main = out["streams"]["7"]
+    assert main["busy_ms"] == pytest.approx(0.108)  # 0-70 us, then 38 one-us kernels
+    assert main["kernel_ms"] == pytest.approx(0.163)
+    assert main["overlap_ms"] == pytest.approx(0.055)  # the activation's wait on the GEMM
+    assert out["overlap_ms"] == pytest.approx(0.0)  # one stream: nothing across streams
