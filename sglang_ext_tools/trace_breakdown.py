@@ -126,13 +126,47 @@ def _gpu_us(kernels: Iterable[Mapping[str, Any]]) -> float:
     return sum(k.get("dur", 0) for k in kernels)
 
 
+def _classes(target: list, drafter: list) -> dict[int, str]:
+    classes = {id(k): "target_graph" for g in target for k in g}
+    classes.update({id(k): "drafter_graph" for g in drafter for k in g})
+    return classes
+
+
+def _sweep(
+    kernels: Iterable[Mapping[str, Any]], classes: Mapping[int, str], start: float, end: float
+) -> tuple[dict[str, float], dict[str, float], float]:
+    """The GPU's time from ``start`` to ``end`` split once among the kernel classes, and its
+    idle time by what it waited to start: (busy, idle, where the last kernel ended). Where
+    kernels overlap, the time goes to the one that started first. Two ways they do at
+    SGLang's shapes: a second stream (DeepSeek's shared expert), and programmatic dependent
+    launch on one stream (SGLang 0.5.23's Triton fused MoE releases the activation after it
+    as it starts, so the activation is recorded from the GEMM's start). Summing durations
+    instead counted that time twice: before 2026-12-06's fifteenth session the seed's rank
+    shape read a target verify of 1.4-2.1 decode steps and a negative host share
+    (``bench_speed.cycle_breakdown``). ``graph_streams`` keeps the summed times
+    (``kernel_ms``) beside the busy ones."""
+    busy = {"target_graph": 0.0, "drafter_graph": 0.0, "other_kernels": 0.0}
+    idle = dict.fromkeys(busy, 0.0)
+    reached = start
+    for k in sorted((k for k in kernels if start <= k["ts"] < end), key=lambda k: k["ts"]):
+        cls = classes.get(id(k), "other_kernels")
+        k_end = k["ts"] + k.get("dur", 0)
+        busy[cls] += max(min(k_end, end) - max(k["ts"], reached), 0.0)
+        if k["ts"] > reached:
+            idle[cls] += k["ts"] - reached
+        reached = max(reached, k_end)
+    return busy, idle, reached
+
+
 def breakdown(trace: Mapping[str, Any] | Graphs) -> dict[str, Any]:
-    """Per-cycle milliseconds: target graphs, drafter graphs, other kernels, GPU idle."""
+    """Per-cycle milliseconds over the trace's window: target graphs, drafter graphs, other
+    kernels (each kernel's time counted once, ``_sweep``), GPU idle."""
     kernels, target, drafter, loose = group_kernels(trace)
     window_start = min(k["ts"] for k in kernels)
     window_end = max(k["ts"] + k.get("dur", 0) for k in kernels)
     window = window_end - window_start
     busy = _union_us(map(_interval, kernels))
+    own, _, _ = _sweep(kernels, _classes(target, drafter), window_start, window_end + 1.0)
     cycles = len(target)
 
     def per_cycle(us: float) -> float | None:
@@ -148,9 +182,9 @@ def breakdown(trace: Mapping[str, Any] | Graphs) -> dict[str, Any]:
         ),
         "per_cycle_ms": {
             "total": per_cycle(window),
-            "target_graph_kernels": per_cycle(sum(_gpu_us(g) for g in target)),
-            "drafter_graph_kernels": per_cycle(sum(_gpu_us(g) for g in drafter)),
-            "other_kernels": per_cycle(_gpu_us(loose)),
+            "target_graph_kernels": per_cycle(own["target_graph"]),
+            "drafter_graph_kernels": per_cycle(own["drafter_graph"]),
+            "other_kernels": per_cycle(own["other_kernels"]),
             "gpu_idle": per_cycle(window - busy),
         },
         "drafter_graphs_per_cycle": round(len(drafter) / cycles, 2) if cycles else None,
@@ -171,17 +205,7 @@ def steady_breakdown(trace: Mapping[str, Any] | Graphs) -> dict[str, Any] | None
         return None
     start, end = min(k["ts"] for k in target[0]), min(k["ts"] for k in target[-1])
     cycles = len(target) - 1
-    classes = {id(k): "target_graph" for g in target for k in g}
-    classes.update({id(k): "drafter_graph" for g in drafter for k in g})
-    busy = {"target_graph": 0.0, "drafter_graph": 0.0, "other_kernels": 0.0}
-    idle = dict.fromkeys(busy, 0.0)
-    reached = start
-    for k in sorted((k for k in kernels if start <= k["ts"] < end), key=lambda k: k["ts"]):
-        cls = classes.get(id(k), "other_kernels")
-        busy[cls] += min(k["ts"] + k.get("dur", 0), end) - k["ts"]
-        if k["ts"] > reached:
-            idle[cls] += k["ts"] - reached
-        reached = max(reached, k["ts"] + k.get("dur", 0))
+    busy, idle, reached = _sweep(kernels, _classes(target, drafter), start, end)
     idle["target_graph"] += max(end - reached, 0.0)  # the wait for the window's last verify
     before = [k for k in kernels if k["ts"] < start]
 
