@@ -183,3 +183,37 @@ def test_the_fourteenth_sessions_h100_command_regroups_into_pairs(rank_shape_on_
     assert bs.main(argv) == 0
     servers = json.loads(capsys.readouterr().out)["group_fit"]["servers"]
     assert "prefill_graph" in servers["spec-5-1-6-pg"] and "prefill_graph" not in servers["nospec"]
+
+
+def test_the_fifteenth_sessions_registered_command_plans_three_pairs_or_one_group(
+    rank_shape_on_h100, monkeypatch, capsys
+):
+    """#24's next registered run (README, after the tenth): 5/1/6, a server on caches of its
+    own and one with the fused MoE's PDL off. On an H100 three pairs with the baseline; on an
+    H200 one group of four. Each variant carries its env and nothing else."""
+    argv = [*rank_shape_on_h100, "--settings", "5,1,6", "--rounds", "2", "--variant",
+            "fresh@5,1,6:SGLANG_CACHE_DIR=/tmp/sgl-fresh+SGLANG_JIT_CACHE_DIR=/tmp/sgl-fresh/jit"
+            "+TRITON_CACHE_DIR=/tmp/sgl-fresh/triton", "--variant",
+            "nopdl@5,1,6:SGLANG_EXT_MOE_PDL=0", "--mem-fraction", "0.9", "--max-total-tokens",
+            "16384", "--prefill-graph", "breakable", "--at-once", "4", "--at-once-fit",
+            "--dry-run"]  # fmt: skip
+    assert bs.main(argv) == 0
+    dry = json.loads(capsys.readouterr().out)
+    assert dry["groups"] == [
+        ["nospec", "spec-5-1-6"], ["nospec", "spec-5-1-6-fresh"], ["nospec", "spec-5-1-6-nopdl"]
+    ]  # fmt: skip
+    env = {s["name"]: s["env"] for s in dry["servers"]}
+    assert env["spec-5-1-6-nopdl"].get("SGLANG_EXT_MOE_PDL") == "0"
+    assert env["spec-5-1-6-fresh"]["TRITON_CACHE_DIR"] == "/tmp/sgl-fresh/triton"
+    assert "SGLANG_EXT_MOE_PDL" not in env["spec-5-1-6-fresh"]
+    assert not any(k.endswith("CACHE_DIR") for k in env["spec-5-1-6"])
+    def flags(name):  # the server's command less its port
+        cmd = next(s["command"] for s in dry["servers"] if s["name"] == name)
+        port = cmd.index("--port")
+        return cmd[:port] + cmd[port + 2 :]
+
+    assert flags("spec-5-1-6-nopdl") == flags("spec-5-1-6") == flags("spec-5-1-6-fresh")
+    monkeypatch.setattr(bs, "gpu_info", lambda: {"name": "H200", "memory_total_mib": H200_MIB})
+    assert bs.main(argv) == 0
+    dry = json.loads(capsys.readouterr().out)
+    assert dry["groups"] == [["nospec", "spec-5-1-6", "spec-5-1-6-fresh", "spec-5-1-6-nopdl"]]
