@@ -163,16 +163,23 @@ def test_prefill_graph_counts_per_server(tmp_path):
     assert bs.captures_prefill_graph(["--max-total-tokens", "16384"])
 
 
+def _seed_shape_dry_run(model_args: list, capsys, *settings_and_variants: str) -> dict:
+    """bench_speed's dry run as the seed-shape pipeline calls it with every server on the
+    prefill graph (--at-once 4, lowered by --at-once-fit where the group does not fit)."""
+    argv = [*model_args, "--settings", *settings_and_variants, "--mem-fraction", "0.9",
+            "--max-total-tokens", "16384", "--prefill-graph", "breakable", "--at-once", "4",
+            "--at-once-fit", "--dry-run"]  # fmt: skip
+    assert bs.main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
 def test_the_fourteenth_sessions_h100_command_regroups_into_pairs(rank_shape_on_h100, capsys):
     """The command that lost both 5/1/6 servers on 2026-12-06 (every server with the prefill
     graph, a twin of 5/1/6, --at-once 4 lowered by --at-once-fit): its dry run now plans the
     pairs that fit, and a pg variant alone is counted with its graph."""
-    argv = [*rank_shape_on_h100, "--settings", "3,1,4", "5,1,6", "--variant",
-            "b@5,1,6:SGLANG_EXT_INSTANCE=b", "--mem-fraction", "0.9", "--max-total-tokens",
-            "16384", "--prefill-graph", "breakable", "--at-once", "4", "--at-once-fit",
-            "--dry-run"]  # fmt: skip
-    assert bs.main(argv) == 0
-    dry = json.loads(capsys.readouterr().out)
+    dry = _seed_shape_dry_run(
+        rank_shape_on_h100, capsys, "3,1,4", "5,1,6", "--variant", "b@5,1,6:SGLANG_EXT_INSTANCE=b"
+    )
     assert dry["groups"] == [
         ["nospec", "spec-3-1-4"], ["nospec", "spec-5-1-6"], ["nospec", "spec-5-1-6-b"]
     ]  # fmt: skip
@@ -191,14 +198,10 @@ def test_the_fifteenth_sessions_registered_command_plans_three_pairs_or_one_grou
     """#24's next registered run (README, after the tenth): 5/1/6, a server on caches of its
     own and one with the fused MoE's PDL off. On an H100 three pairs with the baseline; on an
     H200 one group of four. Each variant carries its env and nothing else."""
-    argv = [*rank_shape_on_h100, "--settings", "5,1,6", "--rounds", "2", "--variant",
-            "fresh@5,1,6:SGLANG_CACHE_DIR=/tmp/sgl-fresh+SGLANG_JIT_CACHE_DIR=/tmp/sgl-fresh/jit"
-            "+TRITON_CACHE_DIR=/tmp/sgl-fresh/triton", "--variant",
-            "nopdl@5,1,6:SGLANG_EXT_MOE_PDL=0", "--mem-fraction", "0.9", "--max-total-tokens",
-            "16384", "--prefill-graph", "breakable", "--at-once", "4", "--at-once-fit",
-            "--dry-run"]  # fmt: skip
-    assert bs.main(argv) == 0
-    dry = json.loads(capsys.readouterr().out)
+    variants = ["--variant", "fresh@5,1,6:SGLANG_CACHE_DIR=/tmp/sgl-fresh"
+                "+SGLANG_JIT_CACHE_DIR=/tmp/sgl-fresh/jit+TRITON_CACHE_DIR=/tmp/sgl-fresh/triton",
+                "--variant", "nopdl@5,1,6:SGLANG_EXT_MOE_PDL=0"]  # fmt: skip
+    dry = _seed_shape_dry_run(rank_shape_on_h100, capsys, "5,1,6", *variants)
     assert dry["groups"] == [
         ["nospec", "spec-5-1-6"], ["nospec", "spec-5-1-6-fresh"], ["nospec", "spec-5-1-6-nopdl"]
     ]  # fmt: skip
@@ -207,6 +210,7 @@ def test_the_fifteenth_sessions_registered_command_plans_three_pairs_or_one_grou
     assert env["spec-5-1-6-fresh"]["TRITON_CACHE_DIR"] == "/tmp/sgl-fresh/triton"
     assert "SGLANG_EXT_MOE_PDL" not in env["spec-5-1-6-fresh"]
     assert not any(k.endswith("CACHE_DIR") for k in env["spec-5-1-6"])
+
     def flags(name):  # the server's command less its port
         cmd = next(s["command"] for s in dry["servers"] if s["name"] == name)
         port = cmd.index("--port")
@@ -214,6 +218,5 @@ def test_the_fifteenth_sessions_registered_command_plans_three_pairs_or_one_grou
 
     assert flags("spec-5-1-6-nopdl") == flags("spec-5-1-6") == flags("spec-5-1-6-fresh")
     monkeypatch.setattr(bs, "gpu_info", lambda: {"name": "H200", "memory_total_mib": H200_MIB})
-    assert bs.main(argv) == 0
-    dry = json.loads(capsys.readouterr().out)
+    dry = _seed_shape_dry_run(rank_shape_on_h100, capsys, "5,1,6", *variants)
     assert dry["groups"] == [["nospec", "spec-5-1-6", "spec-5-1-6-fresh", "spec-5-1-6-nopdl"]]
