@@ -24,20 +24,29 @@ def moe_module():
 
 
 def test_off_by_default_leaves_sglang_alone(monkeypatch, moe_module):
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
     monkeypatch.delenv(moe_pdl.ENV_VAR, raising=False)
-    before = getattr(moe_module, moe_pdl.ATTRIBUTE)
     assert moe_pdl.install() == []
-    assert getattr(moe_module, moe_pdl.ATTRIBUTE) is before
     monkeypatch.setenv(moe_pdl.ENV_VAR, "1")
     assert moe_pdl.install() == []
-    assert getattr(moe_module, moe_pdl.ATTRIBUTE) is before
+    assert moe_pdl.TARGET not in HookRegistry._hooks
 
 
 def test_switch_rebinds_only_the_moe_modules_check(monkeypatch, moe_module):
     from sglang.kernels.jit.utils import arch
+    from sglang.srt.plugins.hook_registry import HookRegistry
 
     monkeypatch.setenv(moe_pdl.ENV_VAR, "0")
-    assert moe_pdl.install() == [f"{moe_pdl.MODULE}.is_arch_support_pdl"]
+    try:
+        assert moe_pdl.install() == [moe_pdl.TARGET]
+        assert moe_pdl.before_load_model in [
+            hook for _, hook, _ in HookRegistry._hooks[moe_pdl.TARGET]
+        ]
+    finally:
+        HookRegistry._hooks.pop(moe_pdl.TARGET, None)
+    assert moe_module.is_arch_support_pdl is arch.is_arch_support_pdl  # nothing before the load
+    moe_pdl.before_load_model(object())  # what the model process runs as it starts loading
     assert moe_module.is_arch_support_pdl() is False
     # the defining module (and with it every other PDL user) keeps SGLang's own check
     assert arch.is_arch_support_pdl is not moe_module.is_arch_support_pdl
@@ -59,14 +68,22 @@ def test_a_value_other_than_0_or_1_is_refused_by_name(monkeypatch):
 
 
 def test_the_plugin_applies_it_in_a_fresh_process():
-    """What a server process does: the plugin's registration, with the switch in its env."""
+    """What a server process does: the plugin's registration with the switch in its env,
+    SGLang's hooks applied, then the model's load, stood in for by a ModelRunner whose own
+    load_model is a no-op."""
     code = (
         "import importlib, os; os.environ['SGLANG_EXT_MOE_PDL'] = '0'\n"
+        "from sglang.srt.model_executor import model_runner as mr\n"
+        "mr.ModelRunner.load_model = lambda self: None\n"
+        "from sglang.srt.plugins.hook_registry import HookRegistry\n"
         "from sglang_ext import plugin\n"
         "targets = plugin._register()\n"
         f"m = importlib.import_module({moe_pdl.MODULE!r})\n"
-        "print(m.is_arch_support_pdl(), any(t.endswith('is_arch_support_pdl') for t in targets))\n"
+        "before = m.is_arch_support_pdl is not None and m.is_arch_support_pdl.__name__\n"
+        "HookRegistry.apply_hooks()\n"
+        "mr.ModelRunner.load_model(object.__new__(mr.ModelRunner))\n"
+        "print(before, m.is_arch_support_pdl(), targets[-1].endswith('ModelRunner.load_model'))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split()[-2:] == ["False", "True"]
+    assert out.stdout.split()[-3:] == ["is_arch_support_pdl", "False", "True"]

@@ -14,11 +14,15 @@ some instances' GEMM dearer is the question this switch answers: it makes that m
 other PDL user in SGLang keeps its own binding, and the results do not change, only the launch
 order.
 
-Off by default. A server with the switch logs one line naming it.
+The rebinding happens in the process that builds the model, as it starts loading
+(``ModelRunner.load_model``), so the one log line it writes comes from the process whose
+kernels it changes. Off by default.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import logging
 import os
 
@@ -27,6 +31,7 @@ logger = logging.getLogger(__name__)
 ENV_VAR = "SGLANG_EXT_MOE_PDL"
 MODULE = "sglang.kernels.ops.moe.fused_moe_triton_kernels"
 ATTRIBUTE = "is_arch_support_pdl"
+TARGET = "sglang.srt.model_executor.model_runner.ModelRunner.load_model"
 
 
 def requested() -> bool:
@@ -44,15 +49,31 @@ def _no_pdl() -> bool:
     return False
 
 
+def rebind() -> None:
+    """Make the MoE module's PDL check say no (a moved check fails the model's load here)."""
+    module = importlib.import_module(MODULE)
+    if not callable(getattr(module, ATTRIBUTE, None)):
+        raise AttributeError(f"{MODULE}.{ATTRIBUTE}: not found; {ENV_VAR}=0 cannot apply")
+    if getattr(module, ATTRIBUTE) is not _no_pdl:
+        setattr(module, ATTRIBUTE, _no_pdl)
+        logger.info("sglang_ext: SGLang's Triton fused MoE launches without PDL (%s=0)", ENV_VAR)
+
+
+def before_load_model(*args, **kwargs) -> None:
+    """BEFORE hook on ``ModelRunner.load_model``."""
+    rebind()
+
+
 def install() -> list[str]:
-    """Rebind the MoE module's PDL check when requested; returns the target it changed."""
+    """Register the hook when requested; returns the target registered."""
     if not requested():
         return []
-    import importlib
+    import pkgutil
 
-    module = importlib.import_module(MODULE)
-    if not callable(getattr(module, ATTRIBUTE, None)):  # moved upstream: fail the launch here
-        raise AttributeError(f"{MODULE}.{ATTRIBUTE}: not found; {ENV_VAR}=0 cannot apply")
-    setattr(module, ATTRIBUTE, _no_pdl)
-    logger.info("sglang_ext: SGLang's Triton fused MoE launches without PDL (%s=0)", ENV_VAR)
-    return [f"{MODULE}.{ATTRIBUTE}"]
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    if importlib.util.find_spec(MODULE) is None:  # moved upstream: the launch fails here
+        raise ModuleNotFoundError(f"{MODULE}: not found; {ENV_VAR}=0 cannot apply")
+    pkgutil.resolve_name(TARGET)
+    HookRegistry.register(TARGET, before_load_model, HookType.BEFORE)
+    return [TARGET]
