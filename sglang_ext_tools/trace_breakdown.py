@@ -161,12 +161,11 @@ def _sweep(
 def breakdown(trace: Mapping[str, Any] | Graphs) -> dict[str, Any]:
     """Per-cycle milliseconds over the trace's window: target graphs, drafter graphs, other
     kernels (each kernel's time counted once, ``_sweep``), GPU idle."""
-    kernels, target, drafter, loose = group_kernels(trace)
+    kernels, target, drafter, _ = group_kernels(trace)
     window_start = min(k["ts"] for k in kernels)
-    window_end = max(k["ts"] + k.get("dur", 0) for k in kernels)
-    window = window_end - window_start
-    busy = _union_us(map(_interval, kernels))
-    own, _, _ = _sweep(kernels, _classes(target, drafter), window_start, window_end + 1.0)
+    window = max(k["ts"] + k.get("dur", 0) for k in kernels) - window_start
+    own, idle, _ = _sweep(kernels, _classes(target, drafter), window_start, float("inf"))
+    idle_us = sum(idle.values())
     cycles = len(target)
 
     def per_cycle(us: float) -> float | None:
@@ -174,7 +173,7 @@ def breakdown(trace: Mapping[str, Any] | Graphs) -> dict[str, Any]:
 
     return {
         "window_ms": round(window / 1000, 3),
-        "gpu_busy_fraction": round(busy / window, 4) if window else None,
+        "gpu_busy_fraction": round((window - idle_us) / window, 4) if window else None,
         "target_graph_launches": cycles,
         "drafter_graph_launches": len(drafter),
         "kernels_per_target_graph": (
@@ -185,7 +184,7 @@ def breakdown(trace: Mapping[str, Any] | Graphs) -> dict[str, Any]:
             "target_graph_kernels": per_cycle(own["target_graph"]),
             "drafter_graph_kernels": per_cycle(own["drafter_graph"]),
             "other_kernels": per_cycle(own["other_kernels"]),
-            "gpu_idle": per_cycle(window - busy),
+            "gpu_idle": per_cycle(idle_us),
         },
         "drafter_graphs_per_cycle": round(len(drafter) / cycles, 2) if cycles else None,
     }
@@ -200,7 +199,7 @@ def steady_breakdown(trace: Mapping[str, Any] | Graphs) -> dict[str, Any] | None
     what it waited to start: a target graph, a drafter graph or a kernel outside any graph
     (where the host falls behind, the wait lands before the launch it was late with). None
     with fewer than two target graphs."""
-    kernels, target, drafter, loose = group_kernels(trace)
+    kernels, target, drafter, _ = group_kernels(trace)
     if len(target) < 2:
         return None
     start, end = min(k["ts"] for k in target[0]), min(k["ts"] for k in target[-1])
@@ -357,14 +356,14 @@ def graph_streams(trace: Mapping[str, Any] | Graphs, n: int = 3) -> dict[str, An
     less ``busy`` (time two streams ran at once); and per stream its busy time, its kernels'
     summed time, ``overlap_ms`` (the two's difference: time two of its own kernels were both
     on the GPU) and its costliest kernels (as ``top_kernels`` gives them). Kernels overlap two
-    ways, and summed kernel times (``breakdown``'s ``target_graph_kernels``) count both twice:
-    a model that runs a second stream (SGLang's DeepSeek layers put the shared expert there),
-    and, on one stream, programmatic dependent launch (PDL). SGLang 0.5.23's Triton fused MoE
-    GEMM releases the kernel after it as it starts (``GDC_EARLY``), so the activation that
-    follows is recorded from the GEMM's start: its time contains the GEMM's. 2026-12-03, the
-    seed's rank shape: 12.6 ms of target-graph kernels summed in an 8.5 ms decode step; on
-    2026-12-06 the main stream alone summed 12.03 ms in 8.34 ms busy. None without a target
-    graph."""
+    ways, and summed kernel times count both twice (the cycle splits count them once,
+    ``_sweep``): a model that runs a second stream (SGLang's DeepSeek layers put the shared
+    expert there), and, on one stream, programmatic dependent launch (PDL). SGLang 0.5.23's
+    Triton fused MoE GEMM releases the kernel after it as it starts (``GDC_EARLY``), so the
+    activation that follows is recorded from the GEMM's start: its time contains the GEMM's.
+    2026-12-03, the seed's rank shape: 12.6 ms of target-graph kernels summed in an 8.5 ms
+    decode step; on 2026-12-06 the main stream alone summed 12.03 ms in 8.34 ms busy. None
+    without a target graph."""
     _, target, _, _ = group_kernels(trace)
     if not target:
         return None
@@ -393,8 +392,8 @@ def graph_streams(trace: Mapping[str, Any] | Graphs, n: int = 3) -> dict[str, An
         "streams": {
             str(stream): {
                 "busy_ms": ms(stream_busy[stream]),
-                "kernel_ms": ms(_gpu_us(kernels)),
-                "overlap_ms": ms(_gpu_us(kernels) - stream_busy[stream]),
+                "kernel_ms": ms(summed := _gpu_us(kernels)),
+                "overlap_ms": ms(summed - stream_busy[stream]),
                 "kernels_per_cycle": round(len(kernels) / cycles, 2),
                 "top": _costliest(kernels, cycles, n),
             }
