@@ -198,12 +198,13 @@ def test_the_fifteenth_sessions_registered_command_plans_three_pairs_or_one_grou
     """#24's next registered run (README, after the tenth): 5/1/6, a server on caches of its
     own and one with the fused MoE's PDL off. On an H100 three pairs with the baseline; on an
     H200 one group of four. Each variant carries its env and nothing else."""
-    variants = ["--variant", "fresh@5,1,6:SGLANG_CACHE_DIR=/tmp/sgl-fresh"
-                "+SGLANG_JIT_CACHE_DIR=/tmp/sgl-fresh/jit+TRITON_CACHE_DIR=/tmp/sgl-fresh/triton",
-                "--variant", "nopdl@5,1,6:SGLANG_EXT_MOE_PDL=0"]  # fmt: skip
+    variants = ["--variant", "nopdl@5,1,6:SGLANG_EXT_MOE_PDL=0",
+                "--variant", "fresh@5,1,6:SGLANG_CACHE_DIR=/tmp/sgl-fresh"
+                "+SGLANG_JIT_CACHE_DIR=/tmp/sgl-fresh/jit+TRITON_CACHE_DIR=/tmp/sgl-fresh/triton"]  # fmt: skip
     dry = _seed_shape_dry_run(rank_shape_on_h100, capsys, "5,1,6", *variants)
+    # nopdl second: a lease cut to two pairs keeps the warm-cache server without PDL
     assert dry["groups"] == [
-        ["nospec", "spec-5-1-6"], ["nospec", "spec-5-1-6-fresh"], ["nospec", "spec-5-1-6-nopdl"]
+        ["nospec", "spec-5-1-6"], ["nospec", "spec-5-1-6-nopdl"], ["nospec", "spec-5-1-6-fresh"]
     ]  # fmt: skip
     env = {s["name"]: s["env"] for s in dry["servers"]}
     assert env["spec-5-1-6-nopdl"].get("SGLANG_EXT_MOE_PDL") == "0"
@@ -219,4 +220,4 @@ def test_the_fifteenth_sessions_registered_command_plans_three_pairs_or_one_grou
     assert flags("spec-5-1-6-nopdl") == flags("spec-5-1-6") == flags("spec-5-1-6-fresh")
     monkeypatch.setattr(bs, "gpu_info", lambda: {"name": "H200", "memory_total_mib": H200_MIB})
     dry = _seed_shape_dry_run(rank_shape_on_h100, capsys, "5,1,6", *variants)
-    assert dry["groups"] == [["nospec", "spec-5-1-6", "spec-5-1-6-fresh", "spec-5-1-6-nopdl"]]
+    assert dry["groups"] == [["nospec", "spec-5-1-6", "spec-5-1-6-nopdl", "spec-5-1-6-fresh"]]
