@@ -71,6 +71,10 @@
 #                                              tuned on this GPU and moe_placement on it, no
 #                                              server, detached
 #   bash node/gpu_node.sh moe-placement-wait [SECS]
+#   bash node/gpu_node.sh moe-mode [--run ...]  after `stage s1` and one-install: no bundle,
+#                                              no server: moe_mode on a committed
+#                                              tune-moe.json's config (fresh compile vs warm
+#                                              cache, PDL on vs off), in the calling call
 #                                              watch; its results and logs -> $OUT
 #   bash node/gpu_node.sh seed-shape-wait [SECS]
 #                                              watch; fixture manifest + results -> $OUT, and
@@ -830,6 +834,18 @@ moe-placement-pipeline)
             >"$SEED/result/moe-placement.log" 2>&1 && ok=1
     fi
     if [ "$ok" = 1 ]; then touch "$SEED/DONE"; else touch "$SEED/FAILED"; fi
+    ;;
+moe-mode)
+    # moe_mode after one-install, in this call (~40 s a process, five by default): SGLang's
+    # fused MoE alone, fresh compile against warm cache and PDL on against off, on the MoE
+    # config a seed-shape run's tuner wrote (its tune-moe.json, carried in the tree); no
+    # fixtures, no server. Its JSON and log -> $OUT. Extra args reach moe_mode (--run ...).
+    rm -rf /tmp/moe-mode
+    SGLANG_EXT_SITE=/tmp/site523 bash node/gpu_node.sh pyrun python3 -m sglang_ext_tools.moe_mode \
+        --tune-json "${MOE_MODE_TUNE_JSON:-tests/gpu/results/seed-shape-2026-12-06-draws-nvidia-h100-sglang0.5.23-tune-moe.json}" \
+        --cache-root /tmp/moe-mode --json "$OUT/moe-mode.json" "$@" >"$OUT/moe-mode.log" 2>&1 \
+        || { tail -n 40 "$OUT/moe-mode.log"; exit 1; }
+    tail -n 12 "$OUT/moe-mode.log"
     ;;
 moe-placement-wait)
     wait_for "$SEED" "${1:-300}"

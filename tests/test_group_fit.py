@@ -200,7 +200,8 @@ def test_the_fifteenth_sessions_registered_command_plans_three_pairs_or_one_grou
     H200 one group of four. Each variant carries its env and nothing else."""
     variants = ["--variant", "nopdl@5,1,6:SGLANG_EXT_MOE_PDL=0",
                 "--variant", "fresh@5,1,6:SGLANG_CACHE_DIR=/tmp/sgl-fresh"
-                "+SGLANG_JIT_CACHE_DIR=/tmp/sgl-fresh/jit+TRITON_CACHE_DIR=/tmp/sgl-fresh/triton"]  # fmt: skip
+                "+SGLANG_JIT_CACHE_DIR=/tmp/sgl-fresh/jit"
+                "+TRITON_CACHE_DIR=/tmp/sgl-fresh/triton"]  # fmt: skip
     dry = _seed_shape_dry_run(rank_shape_on_h100, capsys, "5,1,6", *variants)
     # nopdl second: a lease cut to two pairs keeps the warm-cache server without PDL
     assert dry["groups"] == [

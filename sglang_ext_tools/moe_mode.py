@@ -1,0 +1,318 @@
+"""Does a fresh compile, a warm Triton cache or PDL set the fused-MoE up-projection's speed?
+
+2026-12-06 (issue #24, the tenth seed-shape run, one H100): three 5/1/6 servers of one target
+and one tuned MoE config drew two verify cycles, 11.84 ms and 12.86 ms. The traces put the
+whole difference in the MoE up-projection (`fused_moe_kernel`, grid 544 at 6 tokens): 68.6 us
+a call against 82.2 us. Two candidates: a kernel loaded from a warm cache against one compiled
+in its own process, and SGLang 0.5.23's early PDL launch of the activation after that GEMM
+(``sglang_ext.serving.moe_pdl``). A server run answers it at ~250 s a pair; this probe asks
+it of the kernel alone, in ~30 s a process, without a model.
+
+Each ``--run LABEL:CACHE:PDL`` is one fresh Python process, in order, with its own env:
+``TRITON_CACHE_DIR``, ``SGLANG_JIT_CACHE_DIR`` and ``SGLANG_CACHE_DIR`` under
+``--cache-root/CACHE`` (a CACHE named for the first time starts empty, a later run with the
+same name finds what the earlier ones compiled), and ``SGLANG_EXT_MOE_PDL=PDL``. The process
+times SGLang's ``fused_experts`` per token count in a CUDA graph (``tune_moe``'s timer, random
+top-k routing as the tuner's), alone and beside the shared experts' MLP on a second stream as
+a DeepSeek layer runs in SGLang's graph, then records one profiled replay of the latter and
+reads each ``fused_moe_kernel`` launch: the first of each call is the up-projection. Its first
+call's seconds say whether it compiled (seconds) or loaded (well under one).
+
+The MoE config the servers had is rebuilt from their ``tune_moe`` report (``--tune-json``:
+the shape, and the best config per token count) into ``--cache-root/moe-configs``.
+
+    python -m sglang_ext_tools.moe_mode --tune-json tune-moe.json --cache-root /tmp/mm \\
+        --json moe-mode.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from sglang_ext_tools.json_out import emit
+from sglang_ext_tools.tune_moe import MoeShape
+
+NEEDLE = "fused_moe_kernel"
+DEFAULT_RUNS = (
+    "fresh-pdl:a:1",
+    "warm-pdl:a:1",
+    "fresh-nopdl:a:0",
+    "warm-nopdl:a:0",
+    "warm-pdl-again:a:1",
+)
+CHILD_MARK = "moe_mode result: "
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    label: str
+    cache: str  # a folder name under the cache root, shared by every run that names it
+    pdl: str  # SGLANG_EXT_MOE_PDL's value: "1" as SGLang launches, "0" without PDL
+
+    @classmethod
+    def parse(cls, spec: str) -> Run:
+        parts = spec.split(":")
+        if len(parts) != 3 or not all(parts):
+            raise ValueError(f"--run {spec!r}: expected LABEL:CACHE:PDL, e.g. fresh-pdl:a:1")
+        label, cache, pdl = parts
+        if pdl not in ("0", "1"):
+            raise ValueError(f"--run {spec!r}: PDL must be 0 or 1, found {pdl!r}")
+        if "/" in cache or cache in (".", "..", "moe-configs"):
+            raise ValueError(f"--run {spec!r}: CACHE {cache!r} must be a plain folder name")
+        return cls(label, cache, pdl)
+
+
+def parse_runs(specs: Sequence[str]) -> list[Run]:
+    runs = [Run.parse(s) for s in specs]
+    labels = [r.label for r in runs]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"--run labels repeat: {labels}")
+    return runs
+
+
+def run_env(run: Run, root: Path, config_dir: Path, base: Mapping[str, str]) -> dict[str, str]:
+    """The child's environment: ``base`` with the run's caches and PDL switch, and the MoE
+    config the servers had."""
+    cache = root / run.cache
+    return {
+        **base,
+        "TRITON_CACHE_DIR": str(cache / "triton"),
+        "SGLANG_JIT_CACHE_DIR": str(cache / "jit"),
+        "SGLANG_CACHE_DIR": str(cache),
+        "SGLANG_EXT_MOE_PDL": run.pdl,
+        "SGLANG_MOE_CONFIG_DIR": str(config_dir),
+    }
+
+
+def shape_and_best(report: Mapping[str, Any]) -> tuple[MoeShape, dict[int, dict[str, int]]]:
+    """A ``tune_moe`` report's shape and its best config per token count."""
+    try:
+        shape = MoeShape(**report["shape"])
+        best = {int(m): dict(r["best"]) for m, r in report["tokens"].items()}
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"not a tune_moe report (shape, tokens[M].best): {exc!r}") from exc
+    if not best:
+        raise ValueError("the tune_moe report has no token counts")
+    return shape, best
+
+
+def up_and_down(kernels: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """The fused-MoE GEMM launches of a profiled replay, in launch order: each call runs the
+    up-projection, then the down-projection. Mean us a launch and grid of each."""
+    launches = sorted((k for k in kernels if NEEDLE in k.get("name", "")), key=lambda k: k["ts"])
+    if not launches or len(launches) % 2:
+        raise ValueError(f"{len(launches)} {NEEDLE} launches: expected two a call")
+    out = {}
+    for part, picked in (("up", launches[0::2]), ("down", launches[1::2])):
+        grids = {tuple((k.get("args") or {}).get("grid") or ()) for k in picked}
+        out[part] = {
+            "calls": len(picked),
+            "mean_us": round(statistics.fmean(k["dur"] for k in picked), 2),
+            "grids": sorted(list(g) for g in grids),
+        }
+    return out
+
+
+def child(shape: MoeShape, tokens: Sequence[int], reps: int, graph_calls: int) -> dict:
+    """In a fresh process: per token count, us a call alone and beside the shared MLP, and the
+    up/down launches of one profiled replay (beside, as served)."""
+    import torch
+    from sglang.srt.layers.activation import silu_and_mul
+    from sglang.srt.layers.moe.moe_runner.base import MoeRunnerConfig
+    from sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe import fused_experts
+    from sglang.srt.layers.moe.topk import StandardTopKOutput
+
+    from sglang_ext.serving import moe_pdl
+    from sglang_ext_tools.tune_moe import _timer, beside, expert_weights, shared_mlp
+
+    if moe_pdl.requested():
+        moe_pdl.rebind()
+    dev, dtype = "cuda", torch.bfloat16
+    k = shape.hidden
+    w1, w2 = expert_weights(shape)
+    gate_up = torch.randn(2 * shape.shared, k, device=dev, dtype=dtype) * k**-0.5
+    down = torch.randn(k, shape.shared, device=dev, dtype=dtype) * shape.shared**-0.5
+    side = torch.cuda.Stream()
+    runner = MoeRunnerConfig(inplace=False, top_k=shape.topk)
+    out: dict[str, Any] = {"tokens": {}}
+    for m in tokens:
+        x = torch.randn(m, k, device=dev, dtype=dtype)
+        ids = torch.rand(m, shape.experts, device=dev).topk(shape.topk, dim=-1).indices
+        weights = torch.softmax(torch.randn(m, shape.topk, device=dev), -1)
+        topk_out = StandardTopKOutput(weights, ids.to(torch.int32), torch.empty(0, device=dev))
+
+        def routed(x=x, topk_out=topk_out):
+            fused_experts(x, w1, w2, topk_out, runner)
+
+        both = beside(routed, lambda x=x: shared_mlp(x, gate_up, down, silu_and_mul), side)
+        started = time.monotonic()
+        routed()
+        torch.cuda.synchronize()
+        first_s = time.monotonic() - started
+        row = {
+            "first_call_s": round(first_s, 3),
+            "alone_us": round(_timer(routed, reps, graph_calls) * 1e3, 2),
+            "beside_us": round(_timer(both, reps, graph_calls) * 1e3, 2),
+        }
+        row["kernels"] = profiled(both, graph_calls)
+        out["tokens"][str(m)] = row
+    return out
+
+
+def profiled(fn, graph_calls: int) -> dict[str, Any]:
+    """``fn`` captured ``graph_calls`` times in one graph, replayed under the profiler."""
+    import torch
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(graph_calls):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    activities = [torch.profiler.ProfilerActivity.CUDA, torch.profiler.ProfilerActivity.CPU]
+    with torch.profiler.profile(activities=activities) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        events = json.loads(path.read_text()).get("traceEvents", [])
+    graph.reset()
+    return up_and_down(e for e in events if e.get("ph") == "X" and e.get("cat") == "kernel")
+
+
+def write_config(shape: MoeShape, best: Mapping[int, Mapping[str, int]], out: Path) -> Path:
+    """The servers' MoE config file, rebuilt as ``tune_moe`` wrote it, under ``out``."""
+    import triton
+    from sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe_triton_config import (
+        get_config_file_name,
+    )
+
+    from sglang_ext_tools.tune_moe import (
+        config_path,
+        config_table,
+        default_config_for,
+        sglang_context,
+    )
+
+    with sglang_context():  # SGLang's default config reads the published server args
+        table = config_table(dict(best), default_config_for(shape))
+    name = get_config_file_name(shape.experts, shape.intermediate, None)
+    path = config_path(out, triton.__version__, name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(table, indent=2) + "\n")
+    return path
+
+
+def run_children(
+    runs: Sequence[Run], argv_child: Sequence[str], root: Path, config_dir: Path, runner=None
+) -> list[dict[str, Any]]:
+    """Each run in order, in a process of its own; its result or why it has none."""
+    runner = runner or subprocess.run
+    results = []
+    for order, run in enumerate(runs, 1):
+        env = run_env(run, root, config_dir, os.environ)
+        started = time.monotonic()
+        proc = runner(
+            [sys.executable, "-m", "sglang_ext_tools.moe_mode", *argv_child],
+            env=env, capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        row: dict[str, Any] = {
+            **dataclasses.asdict(run),
+            "order": order,
+            "wall_s": round(time.monotonic() - started, 1),
+        }
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(CHILD_MARK)]
+        if proc.returncode == 0 and lines:
+            row.update(json.loads(lines[-1][len(CHILD_MARK) :]))
+        else:
+            row["error"] = f"exit {proc.returncode}: " + (proc.stderr or "")[-1500:]
+        print(f"{run.label}: {json.dumps(row)[:400]}", file=sys.stderr, flush=True)
+        results.append(row)
+    return results
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tune-json", required=True, help="the servers' tune_moe report")
+    p.add_argument("--cache-root", required=True, help="a new folder for the runs' caches")
+    p.add_argument("--run", nargs="+", default=list(DEFAULT_RUNS), help="LABEL:CACHE:PDL")
+    p.add_argument("--tokens", type=int, nargs="+", default=[1, 6])
+    p.add_argument("--reps", type=int, default=30)
+    p.add_argument("--graph-calls", type=int, default=20)
+    p.add_argument("--json", help="write the result here (never over a file)")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if any(m < 1 for m in args.tokens):
+        p.error(f"--tokens {args.tokens}: each at least 1")
+    try:
+        args.runs = parse_runs(args.run)
+    except ValueError as exc:
+        p.error(str(exc))
+    try:
+        args.shape, args.best = shape_and_best(json.loads(Path(args.tune_json).read_text()))
+    except (OSError, ValueError) as exc:
+        p.error(f"--tune-json {args.tune_json}: {exc}")
+    if not args.shape.shared:
+        p.error(f"--tune-json {args.tune_json}: the shape has no shared experts to run beside")
+    if not args.child:
+        if args.json and Path(args.json).exists():
+            p.error(f"--json {args.json}: exists; not overwriting it")
+        if Path(args.cache_root).exists():
+            p.error(f"--cache-root {args.cache_root}: exists; give a new folder")
+    return args
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    if args.child:
+        from sglang_ext_tools.tune_moe import sglang_context
+
+        with sglang_context():
+            result = child(args.shape, args.tokens, args.reps, args.graph_calls)
+        print(CHILD_MARK + json.dumps(result), flush=True)
+        return 0
+    import sglang
+    import torch
+
+    from sglang_ext_tools.gpu_watch import gpu_info
+
+    root = Path(args.cache_root)
+    root.mkdir(parents=True)
+    config_file = write_config(args.shape, args.best, root / "moe-configs")
+    child_argv = [
+        "--child", "--tune-json", args.tune_json, "--cache-root", str(root),
+        "--tokens", *map(str, args.tokens), "--reps", str(args.reps),
+        "--graph-calls", str(args.graph_calls),
+    ]  # fmt: skip
+    runs = run_children(args.runs, child_argv, root, root / "moe-configs")
+    out = {
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "command": "python -m sglang_ext_tools.moe_mode " + " ".join(argv),
+        "gpu": gpu_info(),
+        "versions": {"sglang": sglang.__version__, "torch": torch.__version__},
+        "shape": dataclasses.asdict(args.shape),
+        "moe_config_file": str(config_file),
+        "timing": "us a call: CUDA graph of graph_calls calls, median of reps replays; "
+        "kernels: one profiled replay beside the shared MLP, up = first GEMM of each call",
+        "runs": runs,
+    }
+    emit(out, Path(args.json) if args.json else None)
+    return 0 if all("error" not in r for r in runs) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
