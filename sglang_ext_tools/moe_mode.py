@@ -217,9 +217,15 @@ def write_config(shape: MoeShape, best: Mapping[int, Mapping[str, int]], out: Pa
 
 
 def run_children(
-    runs: Sequence[Run], argv_child: Sequence[str], root: Path, config_dir: Path, runner=None
+    runs: Sequence[Run],
+    argv_child: Sequence[str],
+    root: Path,
+    config_dir: Path,
+    runner=None,
+    on_row=None,
 ) -> list[dict[str, Any]]:
-    """Each run in order, in a process of its own; its result or why it has none."""
+    """Each run in order, in a process of its own; its result or why it has none.
+    ``on_row(rows)`` after each (the result file so far: a lease cut short keeps it)."""
     runner = runner or subprocess.run
     results = []
     for order, run in enumerate(runs, 1):
@@ -241,6 +247,8 @@ def run_children(
             row["error"] = f"exit {proc.returncode}: " + (proc.stderr or "")[-1500:]
         print(f"{run.label}: {json.dumps(row)[:400]}", file=sys.stderr, flush=True)
         results.append(row)
+        if on_row:
+            on_row(results)
     return results
 
 
@@ -298,7 +306,6 @@ def main(argv=None) -> int:
         "--tokens", *map(str, args.tokens), "--reps", str(args.reps),
         "--graph-calls", str(args.graph_calls),
     ]  # fmt: skip
-    runs = run_children(args.runs, child_argv, root, root / "moe-configs")
     out = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "command": "python -m sglang_ext_tools.moe_mode " + " ".join(argv),
@@ -308,10 +315,18 @@ def main(argv=None) -> int:
         "moe_config_file": str(config_file),
         "timing": "us a call: CUDA graph of graph_calls calls, median of reps replays; "
         "kernels: one profiled replay beside the shared MLP, up = first GEMM of each call",
-        "runs": runs,
+        "runs": [],
+        "complete": False,
     }
+
+    def so_far(rows):  # this run's own file, rewritten as each process ends
+        if args.json:
+            Path(args.json).write_text(json.dumps({**out, "runs": rows}, indent=1) + "\n")
+
+    out["runs"] = run_children(args.runs, child_argv, root, root / "moe-configs", on_row=so_far)
+    out["complete"] = True
     emit(out, Path(args.json) if args.json else None)
-    return 0 if all("error" not in r for r in runs) else 1
+    return 0 if all("error" not in r for r in out["runs"]) else 1
 
 
 if __name__ == "__main__":

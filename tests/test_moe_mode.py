@@ -90,7 +90,12 @@ def test_children_run_in_order_and_a_failed_one_says_why(tmp_path):
         )
 
     runs = mm.parse_runs(["fresh:a:1", "nopdl:a:0"])
-    rows = mm.run_children(runs, ["--child", "LAST"], tmp_path, tmp_path / "cfg", runner)
+    so_far = []
+    rows = mm.run_children(
+        runs, ["--child", "LAST"], tmp_path, tmp_path / "cfg", runner,
+        on_row=lambda r: so_far.append([x["label"] for x in r]),
+    )  # fmt: skip
+    assert so_far == [["fresh"], ["fresh", "nopdl"]]  # a cut lease keeps the runs that ended
     assert [r["order"] for r in rows] == [1, 2] and [r["label"] for r in rows] == ["fresh", "nopdl"]
     assert rows[0]["tokens"]["6"]["alone_us"] == 150.0 and "error" not in rows[0]
     assert rows[1]["error"].startswith("exit 1: ") and "boom" in rows[1]["error"]
@@ -138,3 +143,30 @@ def test_the_rebuilt_config_is_the_file_the_servers_read(tmp_path, monkeypatch):
     table = json.loads(path.read_text())
     assert all(table[str(m)] == cfg_ for m, cfg_ in best.items())
     assert {"64", "1024"} <= set(table)  # SGLang's defaults fill the counts above the tuned ones
+
+
+def test_main_writes_each_run_as_it_ends_and_marks_the_file_complete(tmp_path, monkeypatch):
+    pytest.importorskip("sglang")
+    out = tmp_path / "moe-mode.json"
+    seen_partial = []
+
+    def fake_children(runs, argv_child, root, config_dir, runner=None, on_row=None):
+        assert "--child" in argv_child and config_dir == root / "moe-configs"
+        rows = []
+        for k, run in enumerate(runs, 1):
+            rows.append({"label": run.label, "order": k})
+            on_row(rows)
+            seen_partial.append(json.loads(out.read_text()))
+        return rows
+
+    monkeypatch.setattr(mm, "write_config", lambda shape, best, d: d / "cfg.json")
+    monkeypatch.setattr(mm, "run_children", fake_children)
+    argv = ["--tune-json", str(TENTH_TUNE), "--cache-root", str(tmp_path / "root"),
+            "--run", "f:a:1", "w:a:1", "--json", str(out)]  # fmt: skip
+    assert mm.main(argv) == 0
+    assert [len(p["runs"]) for p in seen_partial] == [1, 2]
+    assert not any(p["complete"] for p in seen_partial)
+    final = json.loads(out.read_text())
+    assert final["complete"] and [r["label"] for r in final["runs"]] == ["f", "w"]
+    assert final["shape"]["experts"] == 32 and final["command"].startswith("python -m ")
+    assert {"sglang", "torch"} <= set(final["versions"]) and "gpu" in final
