@@ -71,11 +71,11 @@
 #                                              tuned on this GPU and moe_placement on it, no
 #                                              server, detached
 #   bash node/gpu_node.sh moe-placement-wait [SECS]
+#                                              watch; its results and logs -> $OUT
 #   bash node/gpu_node.sh moe-mode [--run ...]  after `stage s1` and one-install: no bundle,
 #                                              no server: moe_mode on a committed
 #                                              tune-moe.json's config (fresh compile vs warm
 #                                              cache, PDL on vs off), in the calling call
-#                                              watch; its results and logs -> $OUT
 #   bash node/gpu_node.sh seed-shape-wait [SECS]
 #                                              watch; fixture manifest + results -> $OUT, and
 #                                              the fresh fixtures' bundle parts while the
