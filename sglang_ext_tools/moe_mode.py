@@ -132,26 +132,26 @@ def child(shape: MoeShape, tokens: Sequence[int], reps: int, graph_calls: int) -
     from sglang.srt.layers.activation import silu_and_mul
     from sglang.srt.layers.moe.moe_runner.base import MoeRunnerConfig
     from sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe import fused_experts
-    from sglang.srt.layers.moe.topk import StandardTopKOutput
 
     from sglang_ext.serving import moe_pdl
-    from sglang_ext_tools.tune_moe import _timer, beside, expert_weights, shared_mlp
+    from sglang_ext_tools.tune_moe import (
+        _timer,
+        beside,
+        expert_weights,
+        routed_inputs,
+        shared_mlp,
+        shared_weights,
+    )
 
     if moe_pdl.requested():
         moe_pdl.rebind()
-    dev, dtype = "cuda", torch.bfloat16
-    k = shape.hidden
     w1, w2 = expert_weights(shape)
-    gate_up = torch.randn(2 * shape.shared, k, device=dev, dtype=dtype) * k**-0.5
-    down = torch.randn(k, shape.shared, device=dev, dtype=dtype) * shape.shared**-0.5
+    gate_up, down = shared_weights(shape)
     side = torch.cuda.Stream()
     runner = MoeRunnerConfig(inplace=False, top_k=shape.topk)
     out: dict[str, Any] = {"tokens": {}}
     for m in tokens:
-        x = torch.randn(m, k, device=dev, dtype=dtype)
-        ids = torch.rand(m, shape.experts, device=dev).topk(shape.topk, dim=-1).indices
-        weights = torch.softmax(torch.randn(m, shape.topk, device=dev), -1)
-        topk_out = StandardTopKOutput(weights, ids.to(torch.int32), torch.empty(0, device=dev))
+        x, topk_out = routed_inputs(shape, m)
 
         def routed(x=x, topk_out=topk_out):
             fused_experts(x, w1, w2, topk_out, runner)

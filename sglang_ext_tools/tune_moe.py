@@ -245,6 +245,29 @@ def shared_mlp(x, gate_up, down, silu_and_mul):
     return F.linear(act, down)
 
 
+def shared_weights(shape: MoeShape, device: str = "cuda"):
+    """Random bf16 weights of the shared experts' MLP: gate-up (2S, K) and down (K, S), scaled
+    by fan-in (torch's generator as it stands)."""
+    import torch
+
+    k, s = shape.hidden, shape.shared
+    gate_up = torch.randn(2 * s, k, device=device, dtype=torch.bfloat16) * k**-0.5
+    down = torch.randn(k, s, device=device, dtype=torch.bfloat16) * s**-0.5
+    return gate_up, down
+
+
+def routed_inputs(shape: MoeShape, m: int, device: str = "cuda"):
+    """``m`` random bf16 tokens and SGLang's top-k output sending each to ``topk`` distinct
+    experts drawn at random (the fan-out of real routing), with softmaxed weights."""
+    import torch
+    from sglang.srt.layers.moe.topk import StandardTopKOutput
+
+    x = torch.randn(m, shape.hidden, device=device, dtype=torch.bfloat16)
+    ids = torch.rand(m, shape.experts, device=device).topk(shape.topk, dim=-1).indices
+    weights = torch.softmax(torch.randn(m, shape.topk, device=device), -1)
+    return x, StandardTopKOutput(weights, ids.to(torch.int32), torch.empty(0, device=device))
+
+
 def expert_weights(shape: MoeShape, device: str = "cuda"):
     """Seeded random bf16 expert weights of ``shape`` as SGLang's fused MoE takes them: the
     gate-up projection (E, 2N, K) and the down projection (E, K, N), scaled by fan-in. Seeds
@@ -273,25 +296,15 @@ def tune(
     from sglang.srt.layers.moe.moe_runner.base import MoeRunnerConfig
     from sglang.srt.layers.moe.moe_runner.triton_utils import override_config
     from sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe import fused_experts
-    from sglang.srt.layers.moe.topk import StandardTopKOutput
 
-    dev, dt = "cuda", torch.bfloat16
-    e, k = shape.experts, shape.hidden
     w1, w2 = expert_weights(shape)
     runner = MoeRunnerConfig(inplace=False, top_k=shape.topk)
     if beside_shared:
         from sglang.srt.layers.activation import silu_and_mul
 
-        gate_up = torch.randn(2 * shape.shared, k, device=dev, dtype=dt) * k**-0.5
-        down = torch.randn(k, shape.shared, device=dev, dtype=dt) * shape.shared**-0.5
+        gate_up, down = shared_weights(shape)
         side = torch.cuda.Stream()
-    calls = {}
-    for m in tokens:
-        x = torch.randn(m, k, device=dev, dtype=dt)
-        # each token to topk distinct experts, drawn at random: the fan-out of real routing
-        ids = torch.rand(m, e, device=dev).topk(shape.topk, dim=-1).indices.to(torch.int32)
-        weights = torch.softmax(torch.randn(m, shape.topk, device=dev), -1)
-        calls[m] = (x, StandardTopKOutput(weights, ids, torch.empty(0, device=dev)))
+    calls = {m: routed_inputs(shape, m) for m in tokens}
 
     def timed_ms(cfg, m):
         x, topk_out = calls[m]

@@ -271,3 +271,20 @@ def test_beside_shared_is_refused_for_a_model_without_shared_experts(tmp_path, c
     err = capsys.readouterr().err
     assert f"{tmp_path}/config.json gives no shared experts" in err
     assert not (tmp_path / "o").exists()
+
+
+def test_routed_inputs_send_each_token_to_distinct_experts_and_shared_weights_fit():
+    """The inputs the tuner and moe_mode time: int32 ids of topk distinct experts a token,
+    weights summing to one; the shared MLP's weights shaped for ``shared_mlp``."""
+    pytest.importorskip("sglang")
+    import torch
+
+    shape = tune_moe.MoeShape(experts=32, intermediate=256, hidden=64, topk=8, layers=1, shared=16)
+    x, out = tune_moe.routed_inputs(shape, 6, "cpu")
+    assert x.shape == (6, 64) and x.dtype == torch.bfloat16
+    assert out.topk_ids.dtype == torch.int32 and out.topk_ids.shape == (6, 8)
+    assert all(len(set(row.tolist())) == 8 for row in out.topk_ids)
+    assert int(out.topk_ids.max()) < 32
+    assert torch.allclose(out.topk_weights.sum(-1), torch.ones(6))
+    gate_up, down = tune_moe.shared_weights(shape, "cpu")
+    assert gate_up.shape == (32, 64) and down.shape == (64, 16)
