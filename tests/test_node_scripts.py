@@ -545,3 +545,62 @@ def test_speed_unpack_trains_the_drafter_each_way_between_the_same_stages(tmp_pa
         time.sleep(0.1)
     assert stages[0] == "--stage drafter-data" and stages[-1] == "--stage widen-drafters"
     assert sorted(stages[1:3]) == sorted(["--stage widen-target", drafter])
+
+
+PREPARE = ROOT / "node" / "prepare_session.sh"
+# the set's wheels prepare_session.sh copies into the training chunk, by name prefix
+TRAINING_FROM_SET = (
+    "transformers-", "annotated_types", "dill", "distro", "jiter", "loguru", "openai-",
+    "pydantic-", "pydantic_core", "sniffio", "typing_inspection",
+)  # fmt: skip
+
+
+def test_prepare_session_names_the_0523_lock_and_parses():
+    text = PREPARE.read_text(encoding="utf-8")
+    (lock,) = re.findall(r"lock=(\S+)", text)
+    assert (ROOT / lock).is_file()
+    assert subprocess.run(["bash", "-n", str(PREPARE)]).returncode == 0
+
+
+def _fake_checkout(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A checkout holding only the script, and a 'python' that logs its argv and makes what
+    the real one would (the wheelhouse, the ferry parts, the chunk)."""
+    root = tmp_path / "co"
+    (root / "node").mkdir(parents=True)
+    shutil.copy(PREPARE, root / "node" / PREPARE.name)
+    calls = tmp_path / "calls.log"
+    fake = tmp_path / "python"
+    fake.write_text(
+        "#!/usr/bin/env bash\n"
+        f'echo "$*" >> {calls}\n'
+        'case "$*" in\n'
+        "  *'wheelhouse.py build'*) mkdir -p .wh523/c1 .wh523/big\n"
+        f"    for n in {' '.join(TRAINING_FROM_SET)}; do touch .wh523/c1/${{n}}x.whl; done;;\n"
+        "  *'ferry.py split'*) mkdir -p .ferry/wheels523.tar; echo {} >"
+        " .ferry/wheels523.tar/manifest.json;;\n"
+        "  *'wheelhouse.py split .wh'*) mkdir -p .wh/s1;;\n"
+        "esac\n",
+        encoding="utf-8",
+    )
+    fake.chmod(0o755)
+    return root, fake, calls
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")
+def test_prepare_session_builds_what_is_missing_then_nothing(tmp_path):
+    root, fake, calls = _fake_checkout(tmp_path)
+    script = root / "node" / PREPARE.name
+    proc = subprocess.run(["bash", str(script), str(fake)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    steps = calls.read_text().splitlines()
+    assert steps[0].startswith("node/wheelhouse.py build --lock node/locks/sglang-0.5.23")
+    assert steps[1].startswith("node/ferry.py split ") and steps[1].endswith("/wheels523.tar")
+    assert steps[-1] == "node/wheelhouse.py split .wh"
+    assert sum("pip download" in s for s in steps) == 7
+    copied_in = sorted(p.name for p in (root / ".wh" / "c9").iterdir())
+    assert len(copied_in) == len(TRAINING_FROM_SET)
+    # a second run finds everything there and calls nothing
+    calls.unlink()
+    proc = subprocess.run(["bash", str(script), str(fake)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert not calls.exists()
