@@ -295,6 +295,7 @@ def main(argv=None) -> int:
         return 0
     import sglang
     import torch
+    import triton
 
     from sglang_ext_tools.gpu_watch import gpu_info
 
@@ -310,7 +311,13 @@ def main(argv=None) -> int:
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "command": "python -m sglang_ext_tools.moe_mode " + " ".join(argv),
         "gpu": gpu_info(),
-        "versions": {"sglang": sglang.__version__, "torch": torch.__version__},
+        "versions": {
+            "sglang": sglang.__version__,
+            "torch": torch.__version__,
+            "triton": triton.__version__,
+        },
+        # what runs: SGLang's Triton fused MoE (fused_experts), no attention, no server
+        "backend": "triton fused_moe",
         "shape": dataclasses.asdict(args.shape),
         "moe_config_file": str(config_file),
         "timing": "us a call: CUDA graph of graph_calls calls, median of reps replays; "

@@ -169,4 +169,5 @@ def test_main_writes_each_run_as_it_ends_and_marks_the_file_complete(tmp_path, m
     final = json.loads(out.read_text())
     assert final["complete"] and [r["label"] for r in final["runs"]] == ["f", "w"]
     assert final["shape"]["experts"] == 32 and final["command"].startswith("python -m ")
-    assert {"sglang", "torch"} <= set(final["versions"]) and "gpu" in final
+    assert {"sglang", "torch", "triton"} <= set(final["versions"]) and "gpu" in final
+    assert final["backend"] == "triton fused_moe"
