@@ -1,0 +1,187 @@
+"""``moe_mode``'s runs read against what was registered before they ran (issue #24).
+
+``moe_mode`` times SGLang's fused MoE in fresh processes that differ in two things: whether
+the process's kernels were compiled in it (label ``fresh-…``) or loaded from a cache an
+earlier process filled (``warm-…``), and whether the Triton MoE GEMM launches with PDL
+(``pdl`` "1"/"0"). The tenth seed-shape run's servers drew the up-projection at 6 tokens in
+two modes, 68.6 and 82.2 us a call on an H100. Registered on 2026-12-06 (README, "Next device
+sessions") before the probe ran, on an H100:
+
+- the cache condition took: each fresh run's first call >= 1 s at each token count, each warm
+  run's < 1 s;
+- if the cache sets the mode: fresh up-projections <= 72 us at 6 tokens, warm >= 78;
+- if PDL sets it: PDL runs >= 78 us, no-PDL runs <= 72;
+- expected, neither: all up-projections at 6 tokens within 3 % of each other and <= 72 us.
+
+Besides the verdicts: per token count, each group's mean up-projection and each group ratio
+(PDL over no PDL, fresh over warm; the fused call alone as well) with a 95 % bootstrap
+interval that resamples runs within each group. Several ``moe_mode`` files (e.g. a second
+order) are read as one set of runs.
+
+    python -m sglang_ext_tools.moe_mode_verdict --json A.json B.json --out verdict.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from sglang_ext_tools.json_out import emit
+
+# the registered bounds (us a call, up-projection at MODE_TOKENS tokens, H100)
+CHEAP_MAX_US = 72.0
+DEAR_MIN_US = 78.0
+SPREAD_MAX = 1.03
+COMPILED_MIN_S = 1.0
+MODE_TOKENS = "6"
+
+
+def run_rows(reports: Sequence[Mapping[str, Any]], files: Sequence[str]) -> list[dict[str, Any]]:
+    """One row per process of every report: its file's index, label, fresh/warm, PDL, and per
+    token count the first call's seconds, the call alone and the up-projection (us)."""
+    rows = []
+    for index, (report, name) in enumerate(zip(reports, files, strict=True)):
+        for run in report.get("runs", []):
+            label = run.get("label", "?")
+            if "error" in run:
+                raise ValueError(f"{name}: run {label!r} failed: {run['error']}")
+            start = label.split("-", 1)[0]
+            if start not in ("fresh", "warm"):
+                raise ValueError(
+                    f"{name}: run label {label!r}: expected it to start with 'fresh-' or "
+                    "'warm-' (moe_mode's convention), found neither"
+                )
+            try:
+                rows.append(_row(index, run, start))
+            except KeyError as exc:
+                raise ValueError(f"{name}: run {label!r}: field {exc} missing") from None
+    return rows
+
+
+def _row(index: int, run: Mapping[str, Any], start: str) -> dict[str, Any]:
+    return {
+        "report": index,
+        "label": run["label"],
+        "fresh": start == "fresh",
+        "pdl": str(run["pdl"]) == "1",
+        "tokens": {
+            m: {
+                "first_call_s": t["first_call_s"],
+                "alone_us": t["alone_us"],
+                "up_us": t["kernels"]["up"]["mean_us"],
+            }
+            for m, t in run["tokens"].items()
+        },
+    }
+
+
+def ratio_ci(
+    num: Sequence[float], den: Sequence[float], draws: int = 4000, seed: int = 0
+) -> list[float] | None:
+    """95 % interval of mean(num) / mean(den), each group resampled on its own."""
+    if len(num) < 2 or len(den) < 2:
+        return None
+    rng = random.Random(seed)
+    stats = sorted(
+        statistics.fmean(rng.choices(num, k=len(num)))
+        / statistics.fmean(rng.choices(den, k=len(den)))
+        for _ in range(draws)
+    )
+    return [round(stats[int(0.025 * draws)], 4), round(stats[int(0.975 * draws) - 1], 4)]
+
+
+def compare(rows: Sequence[Mapping[str, Any]], key: str, tokens: str, field: str) -> dict:
+    """Group means of ``field`` at ``tokens`` split by the boolean ``key``, and their ratio."""
+    yes = [r["tokens"][tokens][field] for r in rows if r[key]]
+    no = [r["tokens"][tokens][field] for r in rows if not r[key]]
+    if not yes or not no:
+        return {"n": [len(yes), len(no)]}
+    return {
+        "n": [len(yes), len(no)],
+        "mean_us": [round(statistics.fmean(yes), 2), round(statistics.fmean(no), 2)],
+        "ratio": round(statistics.fmean(yes) / statistics.fmean(no), 4),
+        "ratio_ci95": ratio_ci(yes, no),
+    }
+
+
+def verdicts(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    ups = [r["tokens"][MODE_TOKENS]["up_us"] for r in rows]
+    fresh_up = [r["tokens"][MODE_TOKENS]["up_us"] for r in rows if r["fresh"]]
+    warm_up = [r["tokens"][MODE_TOKENS]["up_us"] for r in rows if not r["fresh"]]
+    pdl_up = [r["tokens"][MODE_TOKENS]["up_us"] for r in rows if r["pdl"]]
+    nopdl_up = [r["tokens"][MODE_TOKENS]["up_us"] for r in rows if not r["pdl"]]
+    took = {
+        m: all((r["tokens"][m]["first_call_s"] >= COMPILED_MIN_S) == r["fresh"] for r in rows)
+        for m in rows[0]["tokens"]
+    }
+    spread = max(ups) / min(ups)
+    return {
+        "cache_condition_took": took,
+        "cache_sets_mode": bool(fresh_up and warm_up)
+        and max(fresh_up) <= CHEAP_MAX_US
+        and min(warm_up) >= DEAR_MIN_US,
+        "pdl_sets_mode": bool(pdl_up and nopdl_up)
+        and min(pdl_up) >= DEAR_MIN_US
+        and max(nopdl_up) <= CHEAP_MAX_US,
+        "neither": {
+            "spread": round(spread, 4),
+            "within_3_percent": spread <= SPREAD_MAX,
+            "max_up_us": max(ups),
+            "all_at_most_72_us": max(ups) <= CHEAP_MAX_US,
+            "any_dear": max(ups) >= DEAR_MIN_US,
+        },
+    }
+
+
+def verdict(reports: Sequence[Mapping[str, Any]], files: Sequence[str]) -> dict[str, Any]:
+    rows = run_rows(reports, files)
+    if not rows:
+        raise ValueError("no runs in the reports")
+    for r in rows:
+        if MODE_TOKENS not in r["tokens"] or set(r["tokens"]) != set(rows[0]["tokens"]):
+            raise ValueError(
+                f"{files[r['report']]}: run {r['label']!r}: token counts {sorted(r['tokens'])}, "
+                f"expected {sorted(rows[0]['tokens'])} with {MODE_TOKENS} among them"
+            )
+    gpus = sorted({r["gpu"].get("name", "?") for r in reports if isinstance(r.get("gpu"), dict)})
+    tokens = list(rows[0]["tokens"])
+    return {
+        "files": list(files),
+        "gpus": gpus,
+        "dates": [r.get("date") for r in reports],
+        "bounds_us": {"cheap_max": CHEAP_MAX_US, "dear_min": DEAR_MIN_US, "tokens": MODE_TOKENS},
+        "runs": rows,
+        "pdl_over_nopdl": {
+            m: {f: compare(rows, "pdl", m, f) for f in ("up_us", "alone_us")} for m in tokens
+        },
+        "fresh_over_warm": {
+            m: {f: compare(rows, "fresh", m, f) for f in ("up_us", "alone_us")} for m in tokens
+        },
+        "verdicts": verdicts(rows),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--json", nargs="+", required=True, help="moe_mode result files")
+    p.add_argument("--out", help="write the verdict here (never over a file)")
+    args = p.parse_args(argv)
+    if args.out and Path(args.out).exists():
+        p.error(f"--out {args.out}: exists; not overwriting it")
+    try:
+        reports = [json.loads(Path(f).read_text()) for f in args.json]
+        result = verdict(reports, args.json)
+    except (OSError, ValueError) as exc:
+        print(f"moe_mode_verdict: {exc}", file=sys.stderr)
+        return 2
+    return emit(result, Path(args.out) if args.out else None)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,123 @@
+"""moe_mode_verdict: moe_mode's runs against the bounds registered before the probe ran."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sglang_ext_tools import moe_mode_verdict as mv
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = "tests/gpu/results/seed-shape-2026-12-06-moemode"
+
+
+def run(label, pdl, up6, first=(0.4, 0.005), up1=27.0, alone=(46.0, 118.0)):
+    tokens = {}
+    for m, up, f, a in (("1", up1, first[0], alone[0]), ("6", up6, first[1], alone[1])):
+        kernels = {"up": {"calls": 20, "mean_us": up, "grids": [[544, 1, 1]]}}
+        tokens[m] = {"first_call_s": f, "alone_us": a, "beside_us": a + 1, "kernels": kernels}
+    return {"label": label, "cache": "a", "pdl": pdl, "order": 1, "tokens": tokens}
+
+
+def report(*runs):
+    return {"date": "2026-12-06", "gpu": {"name": "NVIDIA H100 80GB HBM3"}, "runs": list(runs)}
+
+
+def test_neither_when_every_process_is_cheap_and_close():
+    rep = report(
+        run("fresh-pdl", "1", 71.5, first=(10.0, 2.0)),
+        run("warm-pdl", "1", 71.0),
+        run("fresh-nopdl", "0", 70.8, first=(1.5, 1.2)),
+        run("warm-nopdl", "0", 71.2),
+    )
+    v = mv.verdict([rep], ["a.json"])["verdicts"]
+    assert v["cache_condition_took"] == {"1": True, "6": True}
+    assert not v["cache_sets_mode"] and not v["pdl_sets_mode"]
+    assert v["neither"]["within_3_percent"] and v["neither"]["all_at_most_72_us"]
+    assert not v["neither"]["any_dear"]
+
+
+def test_the_cache_reading_when_fresh_is_cheap_and_warm_dear():
+    rep = report(
+        run("fresh-pdl", "1", 69.0, first=(9.0, 1.1)),
+        run("warm-pdl", "1", 82.0),
+        run("fresh-nopdl", "0", 70.0, first=(1.2, 1.1)),
+        run("warm-nopdl", "0", 81.0),
+    )
+    v = mv.verdict([rep], ["a.json"])["verdicts"]
+    assert v["cache_sets_mode"] and not v["pdl_sets_mode"]
+    assert v["neither"]["any_dear"] and not v["neither"]["within_3_percent"]
+
+
+def test_the_pdl_reading_when_pdl_is_dear_fresh_or_warm():
+    rep = report(
+        run("fresh-pdl", "1", 82.5, first=(9.0, 1.1)),
+        run("warm-pdl", "1", 82.0),
+        run("fresh-nopdl", "0", 70.0, first=(1.2, 1.1)),
+        run("warm-nopdl", "0", 71.0),
+    )
+    v = mv.verdict([rep], ["a.json"])["verdicts"]
+    assert v["pdl_sets_mode"] and not v["cache_sets_mode"]
+
+
+def test_a_fresh_run_that_loaded_fails_the_cache_condition_at_that_count():
+    rep = report(run("fresh-pdl", "1", 71.0, first=(9.0, 0.5)), run("warm-pdl", "1", 71.0))
+    took = mv.verdict([rep], ["a.json"])["verdicts"]["cache_condition_took"]
+    assert took == {"1": True, "6": False}
+
+
+def test_group_ratios_and_their_intervals_across_files():
+    one = report(run("fresh-pdl", "1", 72.0), run("warm-nopdl", "0", 70.0))
+    two = report(run("warm-pdl", "1", 73.0), run("fresh-nopdl", "0", 71.0))
+    out = mv.verdict([one, two], ["a.json", "b.json"])
+    assert [r["report"] for r in out["runs"]] == [0, 0, 1, 1]
+    cmp = out["pdl_over_nopdl"]["6"]["up_us"]
+    assert cmp["n"] == [2, 2] and cmp["mean_us"] == [72.5, 70.5]
+    assert cmp["ratio"] == round(72.5 / 70.5, 4)
+    lo, hi = cmp["ratio_ci95"]
+    assert lo <= cmp["ratio"] <= hi and lo >= 72 / 71 - 1e-4 and hi <= 73 / 70 + 1e-4
+    assert mv.ratio_ci([1.0], [1.0, 2.0]) is None
+
+
+@pytest.mark.parametrize(
+    "bad, says",
+    [
+        (run("cold-pdl", "1", 70.0), "'cold-pdl': expected it to start with 'fresh-'"),
+        ({**run("warm-pdl", "1", 70.0), "error": "exit 1"}, "'warm-pdl' failed: exit 1"),
+        ({k: v for k, v in run("warm-pdl", "1", 70.0).items() if k != "pdl"}, "'pdl' missing"),
+    ],
+)
+def test_bad_runs_are_named_with_their_file(bad, says):
+    with pytest.raises(ValueError, match="x.json") as err:
+        mv.verdict([report(bad)], ["x.json"])
+    assert says in str(err.value)
+
+
+def test_runs_with_other_token_counts_are_refused():
+    short = run("warm-pdl", "1", 70.0)
+    del short["tokens"]["6"]
+    with pytest.raises(ValueError, match=r"token counts \['1'\], expected \['1', '6'\]"):
+        mv.verdict([report(run("fresh-pdl", "1", 70.0), short)], ["x.json"])
+
+
+def test_main_writes_once_and_never_over_a_file(tmp_path, capsys):
+    src = tmp_path / "mm.json"
+    src.write_text(json.dumps(report(run("fresh-pdl", "1", 71.0), run("warm-pdl", "1", 71.5))))
+    out = tmp_path / "v.json"
+    assert mv.main(["--json", str(src), "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["verdicts"]["neither"]["max_up_us"] == 71.5
+    with pytest.raises(SystemExit):
+        mv.main(["--json", str(src), "--out", str(out)])
+    assert "exists; not overwriting it" in capsys.readouterr().err
+    assert mv.main(["--json", str(tmp_path / "none.json")]) == 2
+
+
+def test_the_committed_verdict_is_what_its_runs_give(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    files = [f"{RESULTS}-nvidia-h100-sglang0.5.23-moe-mode.json",
+             f"{RESULTS}-swapped-nvidia-h100-sglang0.5.23-moe-mode.json"]  # fmt: skip
+    committed = json.loads(Path(f"{RESULTS}-nvidia-h100-sglang0.5.23-verdict.json").read_text())
+    reports = [json.loads(Path(f).read_text()) for f in files]
+    assert mv.verdict(reports, files) == committed
