@@ -16,7 +16,10 @@ times SGLang's ``fused_experts`` per token count in a CUDA graph (``tune_moe``'s
 top-k routing as the tuner's), alone and beside the shared experts' MLP on a second stream as
 a DeepSeek layer runs in SGLang's graph, then records one profiled replay of the latter and
 reads each ``fused_moe_kernel`` launch: the first of each call is the up-projection. Its first
-call's seconds say whether it compiled (seconds) or loaded (well under one).
+call's seconds say whether it compiled (seconds) or loaded (well under one). An optional
+fourth field, ``:LAYERS`` (default 1), gives the process that many layers' expert weights,
+each call taking the next: one layer's stay in L2 from call to call, as a server's do not
+(added 2026-12-06 after the first probe, whose processes all ran on one layer's weights).
 
 The MoE config the servers had is rebuilt from their ``tune_moe`` report (``--tune-json``:
 the shape, and the best config per token count) into ``--cache-root/moe-configs``.
@@ -30,6 +33,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as dt
+import itertools
 import json
 import os
 import statistics
@@ -60,18 +64,28 @@ class Run:
     label: str
     cache: str  # a folder name under the cache root, shared by every run that names it
     pdl: str  # SGLANG_EXT_MOE_PDL's value: "1" as SGLang launches, "0" without PDL
+    # how many layers' expert weights the calls go through in turn: 1 keeps one layer's in
+    # L2 between calls; more, as a server's 60 MoE layers do, makes each call's weights cold
+    layers: int = 1
 
     @classmethod
     def parse(cls, spec: str) -> Run:
         parts = spec.split(":")
-        if len(parts) != 3 or not all(parts):
-            raise ValueError(f"--run {spec!r}: expected LABEL:CACHE:PDL, e.g. fresh-pdl:a:1")
-        label, cache, pdl = parts
+        if len(parts) not in (3, 4) or not all(parts):
+            raise ValueError(
+                f"--run {spec!r}: expected LABEL:CACHE:PDL[:LAYERS], e.g. fresh-pdl:a:1"
+            )
+        label, cache, pdl = parts[:3]
         if pdl not in ("0", "1"):
             raise ValueError(f"--run {spec!r}: PDL must be 0 or 1, found {pdl!r}")
         if "/" in cache or cache in (".", "..", "moe-configs"):
             raise ValueError(f"--run {spec!r}: CACHE {cache!r} must be a plain folder name")
-        return cls(label, cache, pdl)
+        layers = parts[3] if len(parts) == 4 else "1"
+        if not layers.isdigit() or int(layers) < 1:
+            raise ValueError(
+                f"--run {spec!r}: LAYERS must be a whole number >= 1, found {layers!r}"
+            )
+        return cls(label, cache, pdl, int(layers))
 
 
 def parse_runs(specs: Sequence[str]) -> list[Run]:
@@ -125,9 +139,12 @@ def up_and_down(kernels: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def child(shape: MoeShape, tokens: Sequence[int], reps: int, graph_calls: int) -> dict:
+def child(
+    shape: MoeShape, tokens: Sequence[int], reps: int, graph_calls: int, layers: int = 1
+) -> dict:
     """In a fresh process: per token count, us a call alone and beside the shared MLP, and the
-    up/down launches of one profiled replay (beside, as served)."""
+    up/down launches of one profiled replay (beside, as served). With ``layers`` > 1 each
+    call takes the next of that many layers' expert weights (each its own allocation)."""
     import torch
     from sglang.srt.layers.activation import silu_and_mul
     from sglang.srt.layers.moe.moe_runner.base import MoeRunnerConfig
@@ -145,7 +162,8 @@ def child(shape: MoeShape, tokens: Sequence[int], reps: int, graph_calls: int) -
 
     if moe_pdl.requested():
         moe_pdl.rebind()
-    w1, w2 = expert_weights(shape)
+    # each layer's weights drawn alike (expert_weights seeds), so only where they sit differs
+    experts = [expert_weights(shape) for _ in range(layers)]
     gate_up, down = shared_weights(shape)
     side = torch.cuda.Stream()
     runner = MoeRunnerConfig(inplace=False, top_k=shape.topk)
@@ -153,7 +171,10 @@ def child(shape: MoeShape, tokens: Sequence[int], reps: int, graph_calls: int) -
     for m in tokens:
         x, topk_out = routed_inputs(shape, m)
 
-        def routed(x=x, topk_out=topk_out):
+        turn = itertools.cycle(experts)
+
+        def routed(x=x, topk_out=topk_out, turn=turn):
+            w1, w2 = next(turn)  # at capture: each captured call its own layer's weights
             fused_experts(x, w1, w2, topk_out, runner)
 
         both = beside(routed, lambda x=x: shared_mlp(x, gate_up, down, silu_and_mul), side)
@@ -232,7 +253,8 @@ def run_children(
         env = run_env(run, root, config_dir, os.environ)
         started = time.monotonic()
         proc = runner(
-            [sys.executable, "-m", "sglang_ext_tools.moe_mode", *argv_child],
+            [sys.executable, "-m", "sglang_ext_tools.moe_mode", *argv_child,
+             "--child-layers", str(run.layers)],
             env=env, capture_output=True, text=True, check=False,
         )  # fmt: skip
         row: dict[str, Any] = {
@@ -256,12 +278,13 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tune-json", required=True, help="the servers' tune_moe report")
     p.add_argument("--cache-root", required=True, help="a new folder for the runs' caches")
-    p.add_argument("--run", nargs="+", default=list(DEFAULT_RUNS), help="LABEL:CACHE:PDL")
+    p.add_argument("--run", nargs="+", default=list(DEFAULT_RUNS), help="LABEL:CACHE:PDL[:LAYERS]")
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 6])
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--graph-calls", type=int, default=20)
     p.add_argument("--json", help="write the result here (never over a file)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--child-layers", type=int, default=1, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if any(m < 1 for m in args.tokens):
         p.error(f"--tokens {args.tokens}: each at least 1")
@@ -290,7 +313,7 @@ def main(argv=None) -> int:
         from sglang_ext_tools.tune_moe import sglang_context
 
         with sglang_context():
-            result = child(args.shape, args.tokens, args.reps, args.graph_calls)
+            result = child(args.shape, args.tokens, args.reps, args.graph_calls, args.child_layers)
         print(CHILD_MARK + json.dumps(result), flush=True)
         return 0
     import sglang

@@ -23,6 +23,9 @@ def test_runs_parse_and_bad_ones_are_named():
     assert [r.pdl for r in runs] == ["1", "1", "0", "0", "1"]
     for bad, says in [
         ("x:a", "LABEL:CACHE:PDL"),
+        ("x:a:1:0", "LAYERS must be a whole number >= 1"),
+        ("x:a:1:two", "LAYERS must be a whole number >= 1"),
+        ("x:a:1:8:9", "LABEL:CACHE:PDL"),
         ("x:a:2", "PDL must be 0 or 1"),
         ("x:../b:1", "plain folder name"),
         ("x:moe-configs:1", "plain folder name"),
@@ -31,6 +34,9 @@ def test_runs_parse_and_bad_ones_are_named():
             mm.parse_runs([bad])
     with pytest.raises(ValueError, match="labels repeat"):
         mm.parse_runs(["x:a:1", "x:b:0"])
+    assert {r.layers for r in runs} == {1}  # the first probe's runs: one layer's weights
+    (cold,) = mm.parse_runs(["warm-pdl-l8:a:1:8"])
+    assert (cold.cache, cold.pdl, cold.layers) == ("a", "1", 8)
 
 
 def test_each_run_gets_its_caches_and_switch_and_the_servers_config(tmp_path):
@@ -81,7 +87,8 @@ def test_children_run_in_order_and_a_failed_one_says_why(tmp_path):
     seen = []
 
     def runner(cmd, env, **_):
-        seen.append((cmd[-1], env["SGLANG_EXT_MOE_PDL"], env["TRITON_CACHE_DIR"]))
+        assert cmd[-2] == "--child-layers"
+        seen.append((cmd[-3], cmd[-1], env["SGLANG_EXT_MOE_PDL"], env["TRITON_CACHE_DIR"]))
         if env["SGLANG_EXT_MOE_PDL"] == "0":
             return subprocess.CompletedProcess(cmd, 1, stdout="", stderr="Traceback: boom")
         body = {"tokens": {"6": {"alone_us": 150.0}}}
@@ -89,7 +96,7 @@ def test_children_run_in_order_and_a_failed_one_says_why(tmp_path):
             cmd, 0, stdout="log\n" + mm.CHILD_MARK + json.dumps(body)
         )
 
-    runs = mm.parse_runs(["fresh:a:1", "nopdl:a:0"])
+    runs = mm.parse_runs(["fresh:a:1", "nopdl:a:0:8"])
     so_far = []
     rows = mm.run_children(
         runs, ["--child", "LAST"], tmp_path, tmp_path / "cfg", runner,
@@ -100,9 +107,10 @@ def test_children_run_in_order_and_a_failed_one_says_why(tmp_path):
     assert rows[0]["tokens"]["6"]["alone_us"] == 150.0 and "error" not in rows[0]
     assert rows[1]["error"].startswith("exit 1: ") and "boom" in rows[1]["error"]
     assert seen == [
-        ("LAST", "1", str(tmp_path / "a/triton")),
-        ("LAST", "0", str(tmp_path / "a/triton")),
+        ("LAST", "1", "1", str(tmp_path / "a/triton")),
+        ("LAST", "8", "0", str(tmp_path / "a/triton")),
     ]
+    assert [r["layers"] for r in rows] == [1, 8]
 
 
 def test_it_never_writes_over_a_result_or_into_an_old_cache_root(tmp_path, capsys):

@@ -121,3 +121,29 @@ def test_the_committed_verdict_is_what_its_runs_give(monkeypatch):
     committed = json.loads(Path(f"{RESULTS}-nvidia-h100-sglang0.5.23-verdict.json").read_text())
     reports = [json.loads(Path(f).read_text()) for f in files]
     assert mv.verdict(reports, files) == committed
+
+
+def test_cold_runs_are_read_against_the_one_layer_runs_of_the_lease():
+    def cold(label, up6, up1):
+        return {**run(label, "1", up6, up1=up1), "layers": 8}
+
+    rep = report(
+        run("fresh-pdl", "1", 72.0, first=(10.0, 2.0), up1=27.0),
+        cold("warm-pdl-l8", 73.0, 31.0),
+        run("warm-pdl", "1", 72.2, up1=27.2),
+        cold("warm-pdl-l8-again", 72.8, 31.4),
+    )
+    out = mv.verdict([rep], ["a.json"])
+    # the first probe's bounds read on the one-layer runs only
+    assert out["verdicts"]["neither"]["max_up_us"] == 72.2
+    assert out["pdl_over_nopdl"]["6"]["up_us"]["n"] == [2, 0]
+    c = out["cold"]
+    assert c["n"] == [2, 2] and c["cold_over_one_layer"]["1"]["ratio"] == round(31.2 / 27.1, 4)
+    assert c["l2_explains_one_token_gap"] and not c["no_l2_effect"] and not c["cold_is_dear"]
+    dear = report(run("warm-pdl", "1", 72.0), cold("warm-pdl-l8", 82.0, 40.0))
+    assert mv.verdict([dear], ["a.json"])["cold"]["cold_is_dear"]
+    flat = report(run("warm-pdl", "1", 72.0), cold("warm-pdl-l8", 72.5, 27.5))
+    assert mv.verdict([flat], ["a.json"])["cold"]["no_l2_effect"]
+    assert "cold" not in mv.verdict([report(run("warm-pdl", "1", 72.0))], ["a.json"])
+    with pytest.raises(ValueError, match="no one-layer runs"):
+        mv.verdict([report(cold("warm-pdl-l8", 72.0, 27.0))], ["a.json"])
