@@ -25,41 +25,30 @@ def report(*runs):
     return {"date": "2026-12-06", "gpu": {"name": "NVIDIA H100 80GB HBM3"}, "runs": list(runs)}
 
 
-def test_neither_when_every_process_is_cheap_and_close():
-    rep = report(
-        run("fresh-pdl", "1", 71.5, first=(10.0, 2.0)),
-        run("warm-pdl", "1", 71.0),
-        run("fresh-nopdl", "0", 70.8, first=(1.5, 1.2)),
-        run("warm-nopdl", "0", 71.2),
+def four(fresh_pdl, warm_pdl, fresh_nopdl, warm_nopdl):
+    """The four processes of one probe, by their up-projection at 6 tokens."""
+    return report(
+        run("fresh-pdl", "1", fresh_pdl, first=(10.0, 2.0)),
+        run("warm-pdl", "1", warm_pdl),
+        run("fresh-nopdl", "0", fresh_nopdl, first=(1.5, 1.2)),
+        run("warm-nopdl", "0", warm_nopdl),
     )
-    v = mv.verdict([rep], ["a.json"])["verdicts"]
+
+
+@pytest.mark.parametrize(
+    "ups, cache, pdl, close",
+    [
+        ((71.5, 71.0, 70.8, 71.2), False, False, True),  # neither: as expected
+        ((69.0, 82.0, 70.0, 81.0), True, False, False),  # fresh cheap, warm dear
+        ((82.5, 82.0, 70.0, 71.0), False, True, False),  # PDL dear, fresh or warm
+    ],
+)
+def test_each_reading_is_told_by_its_bounds(ups, cache, pdl, close):
+    v = mv.verdict([four(*ups)], ["a.json"])["verdicts"]
     assert v["cache_condition_took"] == {"1": True, "6": True}
-    assert not v["cache_sets_mode"] and not v["pdl_sets_mode"]
-    assert v["neither"]["within_3_percent"] and v["neither"]["all_at_most_72_us"]
-    assert not v["neither"]["any_dear"]
-
-
-def test_the_cache_reading_when_fresh_is_cheap_and_warm_dear():
-    rep = report(
-        run("fresh-pdl", "1", 69.0, first=(9.0, 1.1)),
-        run("warm-pdl", "1", 82.0),
-        run("fresh-nopdl", "0", 70.0, first=(1.2, 1.1)),
-        run("warm-nopdl", "0", 81.0),
-    )
-    v = mv.verdict([rep], ["a.json"])["verdicts"]
-    assert v["cache_sets_mode"] and not v["pdl_sets_mode"]
-    assert v["neither"]["any_dear"] and not v["neither"]["within_3_percent"]
-
-
-def test_the_pdl_reading_when_pdl_is_dear_fresh_or_warm():
-    rep = report(
-        run("fresh-pdl", "1", 82.5, first=(9.0, 1.1)),
-        run("warm-pdl", "1", 82.0),
-        run("fresh-nopdl", "0", 70.0, first=(1.2, 1.1)),
-        run("warm-nopdl", "0", 71.0),
-    )
-    v = mv.verdict([rep], ["a.json"])["verdicts"]
-    assert v["pdl_sets_mode"] and not v["cache_sets_mode"]
+    assert (v["cache_sets_mode"], v["pdl_sets_mode"]) == (cache, pdl)
+    assert v["neither"]["within_3_percent"] == close == v["neither"]["all_at_most_72_us"]
+    assert v["neither"]["any_dear"] == (not close)
 
 
 def test_a_fresh_run_that_loaded_fails_the_cache_condition_at_that_count():
