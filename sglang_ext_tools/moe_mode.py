@@ -57,6 +57,31 @@ DEFAULT_RUNS = (
     "warm-pdl-again:a:1",
 )
 CHILD_MARK = "moe_mode result: "
+FRAG_HOLE_MB = 20  # torch's caching allocator gives an allocation of this size a segment
+FRAG_LEAVE_MB = 256  # left unfilled: what the weights find outside the holes
+
+
+def frag_plan(free_bytes: int, hole_mb: int = FRAG_HOLE_MB, leave_mb: int = FRAG_LEAVE_MB):
+    """How many ``hole_mb`` segments fill ``free_bytes`` up to ``leave_mb``, and which of
+    them are released again (every other one): the holes the weights are mapped from."""
+    count = max(0, (free_bytes - (leave_mb << 20)) // (hole_mb << 20))
+    return count, list(range(0, count, 2))
+
+
+def fragment_gpu() -> tuple[list, dict[str, int]]:
+    """Fill the free GPU memory with segments and release every other one (cudaFree through
+    ``empty_cache``). Returns the segments kept (held until the process ends) and the plan."""
+    import torch
+
+    free, _ = torch.cuda.mem_get_info()
+    count, released = frag_plan(free)
+    segments = [
+        torch.empty(FRAG_HOLE_MB << 20, dtype=torch.uint8, device="cuda") for _ in range(count)
+    ]
+    for k in reversed(released):
+        del segments[k]
+    torch.cuda.empty_cache()
+    return segments, {"segments": count, "holes": len(released), "hole_mb": FRAG_HOLE_MB}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,25 +92,32 @@ class Run:
     # how many layers' expert weights the calls go through in turn: 1 keeps one layer's in
     # L2 between calls; more, as a server's 60 MoE layers do, makes each call's weights cold
     layers: int = 1
+    # "frag": the weights are allocated after the GPU's free memory was filled with
+    # FRAG_HOLE_MB segments and every other one released, so they map scattered physical
+    # holes (as a server's may after other processes' loads); "" allocates on a clean GPU
+    alloc: str = ""
 
     @classmethod
     def parse(cls, spec: str) -> Run:
         parts = spec.split(":")
-        if len(parts) not in (3, 4) or not all(parts):
+        if len(parts) not in (3, 4, 5) or not all(parts):
             raise ValueError(
-                f"--run {spec!r}: expected LABEL:CACHE:PDL[:LAYERS], e.g. fresh-pdl:a:1"
+                f"--run {spec!r}: expected LABEL:CACHE:PDL[:LAYERS[:frag]], e.g. fresh-pdl:a:1"
             )
         label, cache, pdl = parts[:3]
         if pdl not in ("0", "1"):
             raise ValueError(f"--run {spec!r}: PDL must be 0 or 1, found {pdl!r}")
         if "/" in cache or cache in (".", "..", "moe-configs"):
             raise ValueError(f"--run {spec!r}: CACHE {cache!r} must be a plain folder name")
-        layers = parts[3] if len(parts) == 4 else "1"
+        layers = parts[3] if len(parts) >= 4 else "1"
         if not layers.isdigit() or int(layers) < 1:
             raise ValueError(
                 f"--run {spec!r}: LAYERS must be a whole number >= 1, found {layers!r}"
             )
-        return cls(label, cache, pdl, int(layers))
+        alloc = parts[4] if len(parts) == 5 else ""
+        if alloc not in ("", "frag"):
+            raise ValueError(f"--run {spec!r}: the fifth field may only be 'frag', found {alloc!r}")
+        return cls(label, cache, pdl, int(layers), alloc)
 
 
 def parse_runs(specs: Sequence[str]) -> list[Run]:
@@ -140,7 +172,12 @@ def up_and_down(kernels: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def child(
-    shape: MoeShape, tokens: Sequence[int], reps: int, graph_calls: int, layers: int = 1
+    shape: MoeShape,
+    tokens: Sequence[int],
+    reps: int,
+    graph_calls: int,
+    layers: int = 1,
+    alloc: str = "",
 ) -> dict:
     """In a fresh process: per token count, us a call alone and beside the shared MLP, and the
     up/down launches of one profiled replay (beside, as served). With ``layers`` > 1 each
@@ -162,12 +199,14 @@ def child(
 
     if moe_pdl.requested():
         moe_pdl.rebind()
+    out: dict[str, Any] = {"tokens": {}}
+    if alloc == "frag":
+        kept, out["frag"] = fragment_gpu()  # noqa: F841  (held: the holes stay holes)
     # each layer's weights drawn alike (expert_weights seeds), so only where they sit differs
     experts = [expert_weights(shape) for _ in range(layers)]
     gate_up, down = shared_weights(shape)
     side = torch.cuda.Stream()
     runner = MoeRunnerConfig(inplace=False, top_k=shape.topk)
-    out: dict[str, Any] = {"tokens": {}}
     for m in tokens:
         x, topk_out = routed_inputs(shape, m)
 
@@ -254,7 +293,7 @@ def run_children(
         started = time.monotonic()
         proc = runner(
             [sys.executable, "-m", "sglang_ext_tools.moe_mode", *argv_child,
-             "--child-layers", str(run.layers)],
+             "--child-layers", str(run.layers), "--child-alloc", run.alloc or "clean"],
             env=env, capture_output=True, text=True, check=False,
         )  # fmt: skip
         row: dict[str, Any] = {
@@ -285,6 +324,8 @@ def parse_args(argv):
     p.add_argument("--json", help="write the result here (never over a file)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--child-layers", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--child-alloc", choices=("clean", "frag"), default="clean",
+                   help=argparse.SUPPRESS)  # fmt: skip
     args = p.parse_args(argv)
     if any(m < 1 for m in args.tokens):
         p.error(f"--tokens {args.tokens}: each at least 1")
@@ -313,7 +354,10 @@ def main(argv=None) -> int:
         from sglang_ext_tools.tune_moe import sglang_context
 
         with sglang_context():
-            result = child(args.shape, args.tokens, args.reps, args.graph_calls, args.child_layers)
+            alloc = "frag" if args.child_alloc == "frag" else ""
+            result = child(
+                args.shape, args.tokens, args.reps, args.graph_calls, args.child_layers, alloc
+            )
         print(CHILD_MARK + json.dumps(result), flush=True)
         return 0
     import sglang

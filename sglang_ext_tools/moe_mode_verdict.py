@@ -22,7 +22,11 @@ one-layer runs, on an H100,
 - no L2 effect: cold over one-layer within 0.95-1.05 at every token count;
 - cold weights are the dear mode: every cold run >= 78 us at 6 tokens or >= 50 us at 1;
 - expected: the first, and at 6 tokens within 5 % (~190 MB a call streams past a 50 MB L2).
-The first probe's verdicts are read on one-layer runs only.
+The first probe's verdicts are read on one-layer runs only. In the same registration, runs
+with ``:frag`` (many layers' weights mapped from scattered physical holes) against the clean
+cold runs: fragmentation is the dear mode if every frag run is >= 78 us at 6 tokens or
+>= 50 us at 1; no effect if frag over clean cold is within 0.95-1.05 at every token count;
+expected: no effect (the weights are paged the same either way), held loosely.
 
 Besides the verdicts: per token count, each group's mean up-projection and each group ratio
 (PDL over no PDL, fresh over warm; the fused call alone as well) with a 95 % bootstrap
@@ -84,8 +88,10 @@ def _row(index: int, run: Mapping[str, Any], start: str) -> dict[str, Any]:
         "label": run["label"],
         "fresh": start == "fresh",
         "pdl": str(run["pdl"]) == "1",
-        "cold": run.get("layers", 1) > 1,  # files of the first probe have no "layers": 1
+        # files of the first probe have neither "layers" (1) nor "alloc" ("")
         "layers": run.get("layers", 1),
+        "frag": run.get("alloc", "") == "frag",
+        "cold": run.get("layers", 1) > 1 and run.get("alloc", "") != "frag",
         "tokens": {
             m: {
                 "first_call_s": t["first_call_s"],
@@ -155,8 +161,17 @@ def verdicts(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     }
 
 
+def dear_in_all(rows: Sequence[Mapping[str, Any]]) -> bool:
+    return bool(rows) and all(
+        r["tokens"][MODE_TOKENS]["up_us"] >= DEAR_MIN_US
+        or r["tokens"].get("1", {}).get("up_us", 0.0) >= DEAR_ONE_TOKEN_MIN_US
+        for r in rows
+    )
+
+
 def cold_verdicts(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The second registration's readings (cold weights against one layer's)."""
+    rows = [r for r in rows if not r["frag"]]
     cold = [r for r in rows if r["cold"]]
     one = [r for r in rows if not r["cold"]]
     ratios = {m: compare(rows, "cold", m, "up_us") for m in rows[0]["tokens"]}
@@ -167,13 +182,23 @@ def cold_verdicts(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "no_l2_effect": all(
             "ratio" in c and NO_EFFECT[0] <= c["ratio"] <= NO_EFFECT[1] for c in ratios.values()
         ),
-        "cold_is_dear": bool(cold)
-        and all(
-            r["tokens"][MODE_TOKENS]["up_us"] >= DEAR_MIN_US
-            or r["tokens"].get("1", {}).get("up_us", 0.0) >= DEAR_ONE_TOKEN_MIN_US
-            for r in cold
-        ),
+        "cold_is_dear": dear_in_all(cold),
         "n": [len(cold), len(one)],
+    }
+
+
+def frag_verdicts(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The fragmented-allocation runs against the clean cold runs (both many layers)."""
+    rows = [r for r in rows if r["layers"] > 1]
+    frag = [r for r in rows if r["frag"]]
+    ratios = {m: compare(rows, "frag", m, "up_us") for m in rows[0]["tokens"]}
+    return {
+        "frag_over_clean_cold": ratios,
+        "no_frag_effect": all(
+            "ratio" in c and NO_EFFECT[0] <= c["ratio"] <= NO_EFFECT[1] for c in ratios.values()
+        ),
+        "frag_is_dear": dear_in_all(frag),
+        "n": [len(frag), len(rows) - len(frag)],
     }
 
 
@@ -187,7 +212,13 @@ def verdict(reports: Sequence[Mapping[str, Any]], files: Sequence[str]) -> dict[
                 f"{files[r['report']]}: run {r['label']!r}: token counts {sorted(r['tokens'])}, "
                 f"expected {sorted(rows[0]['tokens'])} with {MODE_TOKENS} among them"
             )
-    one_layer = [r for r in rows if not r["cold"]]
+    for r in rows:
+        if r["frag"] and r["layers"] == 1:
+            raise ValueError(
+                f"{files[r['report']]}: run {r['label']!r}: a frag run is read against the "
+                "clean cold runs, so it needs LAYERS > 1; found 1"
+            )
+    one_layer = [r for r in rows if r["layers"] == 1 and not r["frag"]]
     if not one_layer:
         raise ValueError("no one-layer runs (LAYERS 1): nothing to read the bounds against")
     gpus = sorted({r["gpu"].get("name", "?") for r in reports if isinstance(r.get("gpu"), dict)})
@@ -205,7 +236,8 @@ def verdict(reports: Sequence[Mapping[str, Any]], files: Sequence[str]) -> dict[
             m: {f: compare(one_layer, "fresh", m, f) for f in ("up_us", "alone_us")} for m in tokens
         },
         "verdicts": verdicts(one_layer),
-        **({"cold": cold_verdicts(rows)} if len(one_layer) < len(rows) else {}),
+        **({"cold": cold_verdicts(rows)} if any(r["cold"] for r in rows) else {}),
+        **({"frag": frag_verdicts(rows)} if any(r["frag"] for r in rows) else {}),
     }
 
 

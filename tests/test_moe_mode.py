@@ -25,7 +25,8 @@ def test_runs_parse_and_bad_ones_are_named():
         ("x:a", "LABEL:CACHE:PDL"),
         ("x:a:1:0", "LAYERS must be a whole number >= 1"),
         ("x:a:1:two", "LAYERS must be a whole number >= 1"),
-        ("x:a:1:8:9", "LABEL:CACHE:PDL"),
+        ("x:a:1:8:9", "fifth field may only be 'frag'"),
+        ("x:a:1:8:frag:1", "LABEL:CACHE:PDL"),
         ("x:a:2", "PDL must be 0 or 1"),
         ("x:../b:1", "plain folder name"),
         ("x:moe-configs:1", "plain folder name"),
@@ -36,7 +37,17 @@ def test_runs_parse_and_bad_ones_are_named():
         mm.parse_runs(["x:a:1", "x:b:0"])
     assert {r.layers for r in runs} == {1}  # the first probe's runs: one layer's weights
     (cold,) = mm.parse_runs(["warm-pdl-l8:a:1:8"])
-    assert (cold.cache, cold.pdl, cold.layers) == ("a", "1", 8)
+    assert (cold.cache, cold.pdl, cold.layers, cold.alloc) == ("a", "1", 8, "")
+    (frag,) = mm.parse_runs(["warm-pdl-l8-frag:a:1:8:frag"])
+    assert (frag.layers, frag.alloc) == (8, "frag")
+
+
+def test_the_fragmenting_plan_fills_to_the_margin_and_releases_every_other_segment():
+    mb = 1 << 20
+    count, released = mm.frag_plan(1000 * mb, hole_mb=20, leave_mb=256)
+    assert count == (1000 - 256) // 20 == 37
+    assert released == list(range(0, 37, 2)) and len(released) == 19
+    assert mm.frag_plan(100 * mb, hole_mb=20, leave_mb=256) == (0, [])
 
 
 def test_each_run_gets_its_caches_and_switch_and_the_servers_config(tmp_path):
@@ -87,8 +98,8 @@ def test_children_run_in_order_and_a_failed_one_says_why(tmp_path):
     seen = []
 
     def runner(cmd, env, **_):
-        assert cmd[-2] == "--child-layers"
-        seen.append((cmd[-3], cmd[-1], env["SGLANG_EXT_MOE_PDL"], env["TRITON_CACHE_DIR"]))
+        assert cmd[-4] == "--child-layers" and cmd[-2] == "--child-alloc"
+        seen.append((cmd[-5], cmd[-3], cmd[-1], env["SGLANG_EXT_MOE_PDL"], env["TRITON_CACHE_DIR"]))
         if env["SGLANG_EXT_MOE_PDL"] == "0":
             return subprocess.CompletedProcess(cmd, 1, stdout="", stderr="Traceback: boom")
         body = {"tokens": {"6": {"alone_us": 150.0}}}
@@ -96,7 +107,7 @@ def test_children_run_in_order_and_a_failed_one_says_why(tmp_path):
             cmd, 0, stdout="log\n" + mm.CHILD_MARK + json.dumps(body)
         )
 
-    runs = mm.parse_runs(["fresh:a:1", "nopdl:a:0:8"])
+    runs = mm.parse_runs(["fresh:a:1", "nopdl:a:0:8:frag"])
     so_far = []
     rows = mm.run_children(
         runs, ["--child", "LAST"], tmp_path, tmp_path / "cfg", runner,
@@ -107,8 +118,8 @@ def test_children_run_in_order_and_a_failed_one_says_why(tmp_path):
     assert rows[0]["tokens"]["6"]["alone_us"] == 150.0 and "error" not in rows[0]
     assert rows[1]["error"].startswith("exit 1: ") and "boom" in rows[1]["error"]
     assert seen == [
-        ("LAST", "1", "1", str(tmp_path / "a/triton")),
-        ("LAST", "8", "0", str(tmp_path / "a/triton")),
+        ("LAST", "1", "clean", "1", str(tmp_path / "a/triton")),
+        ("LAST", "8", "frag", "0", str(tmp_path / "a/triton")),
     ]
     assert [r["layers"] for r in rows] == [1, 8]
 

@@ -136,3 +136,28 @@ def test_cold_runs_are_read_against_the_one_layer_runs_of_the_lease():
     assert "cold" not in mv.verdict([report(run("warm-pdl", "1", 72.0))], ["a.json"])
     with pytest.raises(ValueError, match="no one-layer runs"):
         mv.verdict([report(cold("warm-pdl-l8", 72.0, 27.0))], ["a.json"])
+
+
+def test_fragmented_runs_are_read_against_the_clean_cold_runs():
+    def many(label, up6, up1, alloc=""):
+        return {**run(label, "1", up6, up1=up1), "layers": 8, "alloc": alloc}
+
+    rep = report(
+        run("fresh-pdl", "1", 72.0, first=(10.0, 2.0)),
+        many("warm-pdl-l8", 72.5, 31.0),
+        many("warm-pdl-l8-frag", 82.5, 52.0, "frag"),
+        many("warm-pdl-l8-again", 72.7, 31.2),
+        many("warm-pdl-l8-frag-again", 82.0, 51.0, "frag"),
+    )
+    out = mv.verdict([rep], ["a.json"])
+    assert out["cold"]["n"] == [2, 1]  # the frag runs are not among the clean cold ones
+    f = out["frag"]
+    assert f["n"] == [2, 2] and f["frag_is_dear"] and not f["no_frag_effect"]
+    assert f["frag_over_clean_cold"]["6"]["ratio"] == round(82.25 / 72.6, 4)
+    flat = report(
+        run("warm-pdl", "1", 72.0), many("warm-8", 72.0, 31.0), many("warm-8f", 72.4, 31.3, "frag")
+    )
+    assert mv.verdict([flat], ["a.json"])["frag"]["no_frag_effect"]
+    one = report(run("warm-pdl", "1", 72.0), {**run("warm-pdl-frag", "1", 72.0), "alloc": "frag"})
+    with pytest.raises(ValueError, match="needs LAYERS > 1; found 1"):
+        mv.verdict([one], ["a.json"])
