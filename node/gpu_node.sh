@@ -85,6 +85,8 @@
 #   bash node/gpu_node.sh seed-shape-bench [args]
 #                                              a fused-MoE config tuned for the target
 #                                              (tune_moe; SEED_MOE_TUNE=0: SGLang's default;
+#                                              SEED_MOE_CONFIG_FROM=REPORT: an earlier run's
+#                                              tuned config exactly, nothing timed;
 #                                              beside it moe-configs-bn64, moe_config_alias),
 #                                              bench_speed on the wide pair -> $OUT (chain
 #                                              3/1/4, 5/1/6, the seed's tree 3/4/5, and
@@ -689,7 +691,18 @@ seed-shape-bench)
     # this GPU first (nothing else runs on it now) and serve every server with it, the
     # baseline too, as that warning asks a user to do; SEED_MOE_TUNE=0 keeps the default.
     rm -rf "$SEED/moe-configs-bn64"  # a variant never reads an earlier run's copy
-    if [ "${SEED_MOE_TUNE:-1}" = 1 ]; then
+    # SEED_MOE_CONFIG_FROM=REPORT (a committed tune-moe.json): no tuning; every server gets
+    # the config that report's tuning picked (tune_moe --from-report), so a run's MoE
+    # kernels are an earlier run's exactly (the tenth run's cheap/dear figures were its
+    # config's), and the ~130 s of tuning go to the bench
+    if [ -n "${SEED_MOE_CONFIG_FROM:-}" ]; then
+        rm -rf "$SEED/moe-configs"
+        if python3 -m sglang_ext_tools.tune_moe --from-report "$SEED_MOE_CONFIG_FROM" \
+            --out "$SEED/moe-configs" --json "$OUT/tune-moe.json" >"$OUT/tune-moe.log" 2>&1
+        then
+            export SGLANG_MOE_CONFIG_DIR=$SEED/moe-configs
+        fi
+    elif [ "${SEED_MOE_TUNE:-1}" = 1 ]; then
         rm -rf "$SEED/moe-configs"
         if python3 -m sglang_ext_tools.tune_moe --model "$MLA/wide-target" \
             --out "$SEED/moe-configs" --json "$OUT/tune-moe.json" --quick \

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from sglang_ext_tools.json_out import emit
-from sglang_ext_tools.tune_moe import MoeShape
+from sglang_ext_tools.tune_moe import MoeShape, shape_and_best, write_config
 
 NEEDLE = "fused_moe_kernel"
 DEFAULT_RUNS = (
@@ -140,18 +140,6 @@ def run_env(run: Run, root: Path, config_dir: Path, base: Mapping[str, str]) -> 
         "SGLANG_EXT_MOE_PDL": run.pdl,
         "SGLANG_MOE_CONFIG_DIR": str(config_dir),
     }
-
-
-def shape_and_best(report: Mapping[str, Any]) -> tuple[MoeShape, dict[int, dict[str, int]]]:
-    """A ``tune_moe`` report's shape and its best config per token count."""
-    try:
-        shape = MoeShape(**report["shape"])
-        best = {int(m): dict(r["best"]) for m, r in report["tokens"].items()}
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"not a tune_moe report (shape, tokens[M].best): {exc!r}") from exc
-    if not best:
-        raise ValueError("the tune_moe report has no token counts")
-    return shape, best
 
 
 def up_and_down(kernels: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
@@ -251,29 +239,6 @@ def profiled(fn, graph_calls: int) -> dict[str, Any]:
         events = json.loads(path.read_text()).get("traceEvents", [])
     graph.reset()
     return up_and_down(e for e in events if e.get("ph") == "X" and e.get("cat") == "kernel")
-
-
-def write_config(shape: MoeShape, best: Mapping[int, Mapping[str, int]], out: Path) -> Path:
-    """The servers' MoE config file, rebuilt as ``tune_moe`` wrote it, under ``out``."""
-    import triton
-    from sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe_triton_config import (
-        get_config_file_name,
-    )
-
-    from sglang_ext_tools.tune_moe import (
-        config_path,
-        config_table,
-        default_config_for,
-        sglang_context,
-    )
-
-    with sglang_context():  # SGLang's default config reads the published server args
-        table = config_table(dict(best), default_config_for(shape))
-    name = get_config_file_name(shape.experts, shape.intermediate, None)
-    path = config_path(out, triton.__version__, name)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(table, indent=2) + "\n")
-    return path
 
 
 def run_children(

@@ -45,6 +45,7 @@ import itertools
 import json
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -152,6 +153,34 @@ def default_config_for(shape: MoeShape):
 
     e, n, k, topk = shape.experts, shape.intermediate, shape.hidden, shape.topk
     return lambda m: get_default_config(m, e, n, k, topk, None, False, None)
+
+
+def shape_and_best(report: Mapping[str, Any]) -> tuple[MoeShape, dict[int, dict[str, int]]]:
+    """A ``tune_moe`` report's shape and its best config per token count."""
+    try:
+        shape = MoeShape(**report["shape"])
+        best = {int(m): dict(r["best"]) for m, r in report["tokens"].items()}
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"not a tune_moe report (shape, tokens[M].best): {exc!r}") from exc
+    if not best:
+        raise ValueError("the tune_moe report has no token counts")
+    return shape, best
+
+
+def write_config(shape: MoeShape, best: Mapping[int, Mapping[str, int]], out: Path) -> Path:
+    """The servers' MoE config file, rebuilt as ``tune_moe`` wrote it, under ``out``."""
+    import triton
+    from sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe_triton_config import (
+        get_config_file_name,
+    )
+
+    with sglang_context():  # SGLang's default config reads the published server args
+        table = config_table(dict(best), default_config_for(shape))
+    name = get_config_file_name(shape.experts, shape.intermediate, None)
+    path = config_path(out, triton.__version__, name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(table, indent=2) + "\n")
+    return path
 
 
 class OneRank:
@@ -381,6 +410,11 @@ def parse_args(argv):
         "a DeepSeek-V3 layer runs in SGLang's captured graph",
     )
     p.add_argument("--shared", type=int, default=0, help="without --model: shared width")
+    p.add_argument(
+        "--from-report",
+        help="time nothing: rebuild the config an earlier --json report picked (its shape and "
+        "best config per token count) under --out, to serve a run with exactly that config",
+    )
     return p.parse_args(argv)
 
 
@@ -396,10 +430,37 @@ def shape_from_args(args) -> MoeShape:
     )
 
 
+def rebuild(report_path: Path, out: Path, json_out: Path | None, argv: Sequence[str]) -> int:
+    """``--from-report``: the report's config under ``out``; ``json_out`` gets the report as it
+    was (the tuning that picked the configs: its date, GPU, timings) with ``rebuilt`` added."""
+    try:
+        report = json.loads(report_path.read_text())
+        shape, best = shape_and_best(report)
+        check_out_dir(out)
+        if json_out and json_out.exists():
+            raise ValueError(f"--json {json_out}: exists; not overwriting it")
+    except (ValueError, OSError) as exc:
+        print(f"error: --from-report {report_path}: {exc}", file=sys.stderr)
+        return 2
+    path = write_config(shape, best, out)
+    print(f"wrote {path} from {report_path}; serve with SGLANG_MOE_CONFIG_DIR={out}")
+    if json_out:
+        report["rebuilt"] = {
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "command": "python -m sglang_ext_tools.tune_moe " + " ".join(argv),
+            "from": str(report_path),
+            "config_file": str(path),
+        }
+        json_out.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     out = Path(args.out)
+    if args.from_report:
+        return rebuild(Path(args.from_report), out, Path(args.json) if args.json else None, argv)
     try:
         shape = shape_from_args(args)
         if args.beside_shared and not shape.shared:

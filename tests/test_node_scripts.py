@@ -604,3 +604,30 @@ def test_prepare_session_builds_what_is_missing_then_nothing(tmp_path):
     proc = subprocess.run(["bash", str(script), str(fake)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert not calls.exists()
+
+
+@pytest.mark.parametrize("from_report", [None, "tests/gpu/results/r-tune-moe.json"])
+def test_seed_shape_bench_serves_a_reports_config_without_tuning(tmp_path, from_report):
+    """SEED_MOE_CONFIG_FROM: tune_moe --from-report writes the servers' config and nothing is
+    timed; unset, the tuner runs as before. Every python3 call is logged, none does work."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "python3").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "calls"}\n')
+    (fake / "python3").chmod(0o755)
+    mla = tmp_path / "mla"
+    (mla / "wide-target").mkdir(parents=True)
+    (mla / "wide-target" / "config.json").write_text("{}")
+    env = {"PATH": f"{fake}:/usr/bin:/bin", "OUT": str(tmp_path / "out"), "HOME": str(tmp_path),
+           "SGLANG_EXT_MLA_DIR": str(mla), "SGLANG_EXT_SEED_DIR": str(tmp_path / "seed"),
+           "SGLANG_EXT_LOG_DIR": str(tmp_path / "logs"), "SEED_PROBE": "none",
+           "SEED_PAIR": "0"}  # fmt: skip
+    if from_report:
+        env["SEED_MOE_CONFIG_FROM"] = from_report
+    subprocess.run(["bash", str(SCRIPT), "seed-shape-bench"], env=env, cwd=ROOT,
+                   capture_output=True, check=False, timeout=60)  # fmt: skip
+    tunes = [c for c in (tmp_path / "calls").read_text().splitlines() if "tune_moe" in c]
+    if from_report:
+        assert len(tunes) == 1 and f"--from-report {from_report} " in tunes[0]
+    else:
+        assert tunes and all("--from-report" not in c for c in tunes)
+        assert "--time-limit" in tunes[0]

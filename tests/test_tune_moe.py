@@ -288,3 +288,43 @@ def test_routed_inputs_send_each_token_to_distinct_experts_and_shared_weights_fi
     assert torch.allclose(out.topk_weights.sum(-1), torch.ones(6))
     gate_up, down = tune_moe.shared_weights(shape, "cpu")
     assert gate_up.shape == (32, 64) and down.shape == (64, 16)
+
+
+def test_from_report_serves_exactly_the_config_a_tuning_picked(tmp_path, monkeypatch, capsys):
+    """--from-report: nothing timed; the report's best per token count under --out where
+    SGLang looks on that card (its device name stood in: a CPU has none), and the report
+    copied with what rebuilt it."""
+    pytest.importorskip("sglang")
+    pytest.importorskip("triton")
+    from pathlib import Path
+
+    from sglang.srt.layers.moe.moe_runner.triton_utils import fused_moe_triton_config as cfg
+
+    monkeypatch.setattr(cfg, "get_device_name", lambda: "NVIDIA H100 80GB HBM3")
+    src = (
+        Path(__file__).parent
+        / "gpu"
+        / "results"
+        / ("seed-shape-2026-12-06-draws-nvidia-h100-sglang0.5.23-tune-moe.json")
+    )
+    report = json.loads(src.read_text())
+    out, js = tmp_path / "cfg", tmp_path / "tune-moe.json"
+    argv = ["--from-report", str(src), "--out", str(out), "--json", str(js)]
+    assert tune_moe.main(argv) == 0
+    (path,) = out.glob("configs/triton_*/*.json")
+    assert path.name == Path(report["config_file"]).name
+    table = json.loads(path.read_text())
+    assert all(table[m] == r["best"] for m, r in report["tokens"].items())
+    copied = json.loads(js.read_text())
+    assert copied["tokens"] == report["tokens"] and copied["gpu"] == report["gpu"]
+    assert copied["rebuilt"]["from"] == str(src) and copied["rebuilt"]["config_file"] == str(path)
+    # never over a kept config or report; a file that is no report is named
+    assert tune_moe.main(argv) == 2
+    assert "not an empty directory" in capsys.readouterr().err
+    assert tune_moe.main(["--from-report", str(src), "--out", str(tmp_path / "n"),
+                          "--json", str(js)]) == 2  # fmt: skip
+    assert "exists; not overwriting it" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    assert tune_moe.main(["--from-report", str(bad), "--out", str(tmp_path / "m")]) == 2
+    assert f"--from-report {bad}: not a tune_moe report" in capsys.readouterr().err
