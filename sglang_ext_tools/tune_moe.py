@@ -475,9 +475,6 @@ def main(argv=None) -> int:
         return 2
     import torch
     import triton
-    from sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe_triton_config import (
-        get_config_file_name,
-    )
 
     if not torch.cuda.is_available():
         print("error: tune_moe times kernels on a GPU; none is visible", file=sys.stderr)
@@ -493,12 +490,7 @@ def main(argv=None) -> int:
             args.time_limit,
             args.beside_shared,
         )
-        table = config_table({m: r["best"] for m, r in results.items()}, default_config_for(shape))
-    path = config_path(
-        out, triton.__version__, get_config_file_name(shape.experts, shape.intermediate, None)
-    )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(table, indent=2) + "\n")
+    path = write_config(shape, {m: r["best"] for m, r in results.items()}, out)
     print(f"wrote {path}; serve with SGLANG_MOE_CONFIG_DIR={out}")
     if args.json:
         for r in results.values():
