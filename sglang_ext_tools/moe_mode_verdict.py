@@ -132,17 +132,20 @@ def compare(rows: Sequence[Mapping[str, Any]], key: str, tokens: str, field: str
     }
 
 
+def ups(rows: Sequence[Mapping[str, Any]], key: str | None = None, value: bool = True):
+    """The up-projection at MODE_TOKENS of each row (whose ``key`` is ``value``, if given)."""
+    return [r["tokens"][MODE_TOKENS]["up_us"] for r in rows if key is None or r[key] == value]
+
+
 def verdicts(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    ups = [r["tokens"][MODE_TOKENS]["up_us"] for r in rows]
-    fresh_up = [r["tokens"][MODE_TOKENS]["up_us"] for r in rows if r["fresh"]]
-    warm_up = [r["tokens"][MODE_TOKENS]["up_us"] for r in rows if not r["fresh"]]
-    pdl_up = [r["tokens"][MODE_TOKENS]["up_us"] for r in rows if r["pdl"]]
-    nopdl_up = [r["tokens"][MODE_TOKENS]["up_us"] for r in rows if not r["pdl"]]
+    every = ups(rows)
+    fresh_up, warm_up = ups(rows, "fresh"), ups(rows, "fresh", False)
+    pdl_up, nopdl_up = ups(rows, "pdl"), ups(rows, "pdl", False)
     took = {
         m: all((r["tokens"][m]["first_call_s"] >= COMPILED_MIN_S) == r["fresh"] for r in rows)
         for m in rows[0]["tokens"]
     }
-    spread = max(ups) / min(ups)
+    spread = max(every) / min(every)
     return {
         "cache_condition_took": took,
         "cache_sets_mode": bool(fresh_up and warm_up)
@@ -154,9 +157,9 @@ def verdicts(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "neither": {
             "spread": round(spread, 4),
             "within_3_percent": spread <= SPREAD_MAX,
-            "max_up_us": max(ups),
-            "all_at_most_72_us": max(ups) <= CHEAP_MAX_US,
-            "any_dear": max(ups) >= DEAR_MIN_US,
+            "max_up_us": max(every),
+            "all_at_most_72_us": max(every) <= CHEAP_MAX_US,
+            "any_dear": max(every) >= DEAR_MIN_US,
         },
     }
 
@@ -169,36 +172,38 @@ def dear_in_all(rows: Sequence[Mapping[str, Any]]) -> bool:
     )
 
 
+def arm(rows: Sequence[Mapping[str, Any]], key: str) -> tuple[dict, bool, bool, list[int]]:
+    """An arm (rows whose ``key`` is set) against the rest: the up-projection's ratio per
+    token count, whether every ratio is inside NO_EFFECT, whether every arm run is dear, and
+    the two groups' sizes."""
+    ratios = {m: compare(rows, key, m, "up_us") for m in rows[0]["tokens"]}
+    no_effect = all(
+        "ratio" in c and NO_EFFECT[0] <= c["ratio"] <= NO_EFFECT[1] for c in ratios.values()
+    )
+    return ratios, no_effect, dear_in_all([r for r in rows if r[key]]), ratios[MODE_TOKENS]["n"]
+
+
 def cold_verdicts(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The second registration's readings (cold weights against one layer's)."""
-    rows = [r for r in rows if not r["frag"]]
-    cold = [r for r in rows if r["cold"]]
-    one = [r for r in rows if not r["cold"]]
-    ratios = {m: compare(rows, "cold", m, "up_us") for m in rows[0]["tokens"]}
+    ratios, no_effect, dear, n = arm([r for r in rows if not r["frag"]], "cold")
     one_token = ratios.get("1", {}).get("ratio")
     return {
         "cold_over_one_layer": ratios,
         "l2_explains_one_token_gap": one_token is not None and one_token >= COLD_GAIN_MIN,
-        "no_l2_effect": all(
-            "ratio" in c and NO_EFFECT[0] <= c["ratio"] <= NO_EFFECT[1] for c in ratios.values()
-        ),
-        "cold_is_dear": dear_in_all(cold),
-        "n": [len(cold), len(one)],
+        "no_l2_effect": no_effect,
+        "cold_is_dear": dear,
+        "n": n,
     }
 
 
 def frag_verdicts(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The fragmented-allocation runs against the clean cold runs (both many layers)."""
-    rows = [r for r in rows if r["layers"] > 1]
-    frag = [r for r in rows if r["frag"]]
-    ratios = {m: compare(rows, "frag", m, "up_us") for m in rows[0]["tokens"]}
+    ratios, no_effect, dear, n = arm([r for r in rows if r["layers"] > 1], "frag")
     return {
         "frag_over_clean_cold": ratios,
-        "no_frag_effect": all(
-            "ratio" in c and NO_EFFECT[0] <= c["ratio"] <= NO_EFFECT[1] for c in ratios.values()
-        ),
-        "frag_is_dear": dear_in_all(frag),
-        "n": [len(frag), len(rows) - len(frag)],
+        "no_frag_effect": no_effect,
+        "frag_is_dear": dear,
+        "n": n,
     }
 
 
@@ -212,7 +217,6 @@ def verdict(reports: Sequence[Mapping[str, Any]], files: Sequence[str]) -> dict[
                 f"{files[r['report']]}: run {r['label']!r}: token counts {sorted(r['tokens'])}, "
                 f"expected {sorted(rows[0]['tokens'])} with {MODE_TOKENS} among them"
             )
-    for r in rows:
         if r["frag"] and r["layers"] == 1:
             raise ValueError(
                 f"{files[r['report']]}: run {r['label']!r}: a frag run is read against the "
