@@ -1,0 +1,183 @@
+"""The registered #24 server run read against its predictions: which server drew which mode.
+
+The tenth seed-shape run's 5/1/6 servers drew the MoE up-projection at 6 tokens (launch grid
+544) in two modes on an H100, 68.6 us a call (cheap, cycle 11.84 ms) and 82.2 us (dear,
+12.86 ms). The standalone probe found neither a fresh compile nor PDL dear outside a server.
+The server run registered before it ran (README, "Next device sessions", seventeenth
+session's amendment) serves three 5/1/6 servers in start order beside a no-speculation
+baseline: the first pair's plain 5/1/6, ``nopdl`` (Triton MoE launched without PDL, warm
+caches) and ``fresh`` (empty caches of its own: it compiles every kernel in its process).
+Registered, on an H100:
+
+- every server ready within 150 s; tau within 2 % of 2.885 on all three;
+- caches set the mode (a): ``fresh`` cheap, its up-projection <= 72 us, cycle <= 12.1 ms;
+- the early launch sets it (b): ``nopdl`` up-projection <= 72 us, cycle <= 11.84 + 0.35 ms;
+- both cheap: both readings stay open (next run swaps the order); both dear: neither.
+
+A server's mode is read from its trace's ``kernel_grids`` (``fused_moe_kernel`` at the
+up-projection's grid, us per cycle over calls per cycle); its cycle from ``cycle_fit``.
+
+    python -m sglang_ext_tools.server_mode_verdict --bench B.json --cycle-fit C.json \
+        --out verdict.json [--role first=spec-5-1-6 nopdl=spec-5-1-6-nopdl ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from sglang_ext_tools.json_out import emit
+
+# the registered bounds (H100, 5/1/6, the tenth run's MoE config)
+CHEAP_MAX_US = 72.0
+DEAR_MIN_US = 78.0
+UP_GRID = 544  # the up-projection's launch grid at 6 tokens
+READY_MAX_S = 150.0
+TAU_REF = 2.885
+TAU_TOL = 0.02
+CHEAP_CYCLE_MS = 11.84
+FRESH_CYCLE_MAX_MS = 12.1
+NOPDL_CYCLE_MAX_MS = CHEAP_CYCLE_MS + 0.35
+ROLES = ("first", "nopdl", "fresh")
+DEFAULT_ROLES = {"first": "spec-5-1-6", "nopdl": "spec-5-1-6-nopdl", "fresh": "spec-5-1-6-fresh"}
+
+
+def mode(up_us: float | None) -> str:
+    """'cheap', 'dear', 'between' (neither bound) or 'unread' (no trace)."""
+    if up_us is None:
+        return "unread"
+    if up_us <= CHEAP_MAX_US:
+        return "cheap"
+    return "dear" if up_us >= DEAR_MIN_US else "between"
+
+
+def up_projection(profile: Mapping[str, Any], grid: int, where: str) -> float | None:
+    """us a call of ``fused_moe_kernel`` at launch grid ``grid`` in the target graph."""
+    entries = profile.get("kernel_grids", {}).get("target_graph", {}).get("fused_moe_kernel")
+    if not entries:
+        return None
+    for e in entries:
+        if e["grid"][0] == grid:
+            if not e.get("calls_per_cycle"):
+                raise ValueError(f"{where}: fused_moe_kernel grid {grid}: calls_per_cycle 0")
+            return round(e["us_per_cycle"] / e["calls_per_cycle"], 2)
+    found = sorted(e["grid"][0] for e in entries)
+    raise ValueError(f"{where}: fused_moe_kernel has no grid {grid} (found {found})")
+
+
+def server_rows(bench: Mapping[str, Any], fit: Mapping[str, Any], where: str) -> dict[str, dict]:
+    """Per speculative server: start group, ready time, tau, cycle and up-projection."""
+    groups = {name: i for i, g in enumerate(bench.get("groups") or []) for name in g}
+    rows_by = {r.get("server"): r for r in bench.get("rows", []) if r.get("server")}
+    cycles = fit.get("servers", {})
+    out = {}
+    for s in bench.get("servers", []):
+        if s.get("role") not in ("spec", "variant"):
+            continue
+        name = s["name"]
+        row, cyc = rows_by.get(name, {}), cycles.get(name, {})
+        prof = (bench.get("profiles") or {}).get(name)
+        up = up_projection(prof, UP_GRID, f"{where}: profiles[{name}]") if prof else None
+        out[name] = {
+            "group": groups.get(name),
+            "status": s.get("status"),
+            "ready_after_s": s.get("ready_after_s"),
+            "tau": row.get("tau"),
+            "speedup": row.get("speedup"),
+            "speedup_ci95": row.get("speedup_ci95"),
+            "ms_per_cycle": cyc.get("ms_per_cycle"),
+            "ms_per_cycle_ci95": cyc.get("ms_per_cycle_ci95"),
+            "up_us_per_call": up,
+            "mode": mode(up),
+        }
+    return out
+
+
+def _cheap(row: Mapping[str, Any] | None, cycle_max: float) -> bool | None:
+    """True/False where the server was traced and timed; None where it was not."""
+    if not row or row["up_us_per_call"] is None or row["ms_per_cycle"] is None:
+        return None
+    return row["up_us_per_call"] <= CHEAP_MAX_US and row["ms_per_cycle"] <= cycle_max
+
+
+def verdict(
+    bench: Mapping[str, Any], fit: Mapping[str, Any], roles: Mapping[str, str], where: str
+) -> dict[str, Any]:
+    servers = server_rows(bench, fit, where)
+    missing = [f"{r}={n}" for r, n in roles.items() if n not in servers]
+    by_role = {r: servers.get(n) for r, n in roles.items()}
+    ready = [s["ready_after_s"] for s in servers.values()]
+    taus = [s["tau"] for s in servers.values()]
+    fresh = _cheap(by_role.get("fresh"), FRESH_CYCLE_MAX_MS)
+    nopdl = _cheap(by_role.get("nopdl"), NOPDL_CYCLE_MAX_MS)
+    if fresh is None or nopdl is None:
+        reading = "not separable: a server was not traced or not timed"
+    elif fresh and nopdl:
+        reading = "both cheap: both readings stay open (next: swapped start order)"
+    elif fresh:
+        reading = "(a) caches set the mode"
+    elif nopdl:
+        reading = "(b) the early PDL launch sets the mode"
+    else:
+        reading = "neither: both dear"
+    first = by_role.get("first")
+    return {
+        "gpu": bench.get("gpu"),
+        "gpu_uuid": (bench.get("gpu_info") or {}).get("uuid"),
+        "bench": where,
+        "roles": dict(roles),
+        "missing_roles": missing,
+        "servers": servers,
+        "bounds": {
+            "cheap_max_us": CHEAP_MAX_US,
+            "dear_min_us": DEAR_MIN_US,
+            "up_grid": UP_GRID,
+            "fresh_cycle_max_ms": FRESH_CYCLE_MAX_MS,
+            "nopdl_cycle_max_ms": NOPDL_CYCLE_MAX_MS,
+        },
+        "ready_within_150s": bool(ready) and all(r is not None and r <= READY_MAX_S for r in ready),
+        "tau_within_2pct": bool(taus)
+        and all(t is not None and abs(t / TAU_REF - 1) <= TAU_TOL for t in taus),
+        "fresh_cheap": fresh,
+        "nopdl_cheap": nopdl,
+        "first_mode": first["mode"] if first else None,
+        "reading": reading,
+    }
+
+
+def parse_roles(items: Sequence[str]) -> dict[str, str]:
+    roles = dict(DEFAULT_ROLES)
+    for item in items:
+        role, sep, name = item.partition("=")
+        if not sep or role not in ROLES or not name:
+            raise ValueError(f"--role {item!r}: expected ROLE=SERVER, ROLE one of {ROLES}")
+        roles[role] = name
+    return roles
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--bench", required=True, help="bench_speed's JSON (with --profile)")
+    p.add_argument("--cycle-fit", required=True, help="cycle_fit's JSON on that bench")
+    p.add_argument("--role", nargs="*", default=[], help="ROLE=SERVER (first, nopdl, fresh)")
+    p.add_argument("--out", help="write the verdict here too (never over an existing file)")
+    args = p.parse_args(argv)
+    if args.out and Path(args.out).exists():
+        p.error(f"--out {args.out}: exists; not overwriting it")
+    try:
+        roles = parse_roles(args.role)
+        bench = json.loads(Path(args.bench).read_text())
+        fit = json.loads(Path(args.cycle_fit).read_text())
+        result = verdict(bench, fit, roles, Path(args.bench).name)
+    except (OSError, ValueError, KeyError) as e:
+        print(f"server_mode_verdict: {e}", file=sys.stderr)
+        return 2
+    return emit(result, Path(args.out) if args.out else None)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
