@@ -161,3 +161,15 @@ def test_fragmented_runs_are_read_against_the_clean_cold_runs():
     one = report(run("warm-pdl", "1", 72.0), {**run("warm-pdl-frag", "1", 72.0), "alloc": "frag"})
     with pytest.raises(ValueError, match="needs LAYERS > 1; found 1"):
         mv.verdict([one], ["a.json"])
+
+
+def test_the_committed_cold_verdict_is_what_its_runs_give(monkeypatch):
+    """The 2026-12-07 cold/frag probe: no L2 effect, no frag effect, nothing dear."""
+    monkeypatch.chdir(ROOT)
+    stem = "tests/gpu/results/seed-shape-2026-12-07-moemode-cold-nvidia-h100-sglang0.5.23"
+    files = [f"{stem}-moe-mode.json"]
+    committed = json.loads(Path(f"{stem}-verdict.json").read_text())
+    v = mv.verdict([json.loads(Path(files[0]).read_text())], files)
+    assert v == committed
+    assert v["cold"]["no_l2_effect"] and not v["cold"]["l2_explains_one_token_gap"]
+    assert v["frag"]["no_frag_effect"] and not v["frag"]["frag_is_dear"]
