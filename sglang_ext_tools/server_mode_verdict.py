@@ -55,8 +55,13 @@ def mode(up_us: float | None) -> str:
     return "dear" if up_us >= DEAR_MIN_US else "between"
 
 
-def up_projection(profile: Mapping[str, Any], grid: int, where: str) -> float | None:
-    """us a call of ``fused_moe_kernel`` at launch grid ``grid`` in the target graph."""
+# what the trace says of the binary that ran (trace_breakdown.BINARY_ARGS), where it has them
+BINARY_KEYS = ("registers", "shared_memory", "blocks_per_sm", "occupancy_pct")
+
+
+def up_projection(profile: Mapping[str, Any], grid: int, where: str) -> dict[str, Any] | None:
+    """``fused_moe_kernel`` at launch grid ``grid`` in the target graph: us a call, and the
+    compiled binary's registers, shared memory and achieved occupancy where traced."""
     entries = profile.get("kernel_grids", {}).get("target_graph", {}).get("fused_moe_kernel")
     if not entries:
         return None
@@ -64,7 +69,8 @@ def up_projection(profile: Mapping[str, Any], grid: int, where: str) -> float | 
         if e["grid"][0] == grid:
             if not e.get("calls_per_cycle"):
                 raise ValueError(f"{where}: fused_moe_kernel grid {grid}: calls_per_cycle 0")
-            return round(e["us_per_cycle"] / e["calls_per_cycle"], 2)
+            us = round(e["us_per_cycle"] / e["calls_per_cycle"], 2)
+            return {"us_per_call": us, **{k: e[k] for k in BINARY_KEYS if k in e}}
     found = sorted(e["grid"][0] for e in entries)
     raise ValueError(f"{where}: fused_moe_kernel has no grid {grid} (found {found})")
 
@@ -81,7 +87,8 @@ def server_rows(bench: Mapping[str, Any], fit: Mapping[str, Any], where: str) ->
         name = s["name"]
         row, cyc = rows_by.get(name, {}), cycles.get(name, {})
         prof = (bench.get("profiles") or {}).get(name)
-        up = up_projection(prof, UP_GRID, f"{where}: profiles[{name}]") if prof else None
+        kernel = up_projection(prof, UP_GRID, f"{where}: profiles[{name}]") if prof else None
+        up = kernel.pop("us_per_call") if kernel else None
         out[name] = {
             "group": groups.get(name),
             "status": s.get("status"),
@@ -92,6 +99,7 @@ def server_rows(bench: Mapping[str, Any], fit: Mapping[str, Any], where: str) ->
             "ms_per_cycle": cyc.get("ms_per_cycle"),
             "ms_per_cycle_ci95": cyc.get("ms_per_cycle_ci95"),
             "up_us_per_call": up,
+            "up_binary": kernel or None,
             "mode": mode(up),
         }
     return out
@@ -125,6 +133,12 @@ def verdict(
     else:
         reading = "neither: both dear"
     first = by_role.get("first")
+    # the compiled binary: registers and shared memory (occupancy is how it ran)
+    binaries = [
+        tuple(json.dumps(b.get(k)) for k in ("registers", "shared_memory"))
+        for b in (s["up_binary"] or {} for s in servers.values())
+        if "registers" in b
+    ]
     return {
         "gpu": bench.get("gpu"),
         "gpu_uuid": (bench.get("gpu_info") or {}).get("uuid"),
@@ -145,6 +159,9 @@ def verdict(
         "fresh_cheap": fresh,
         "nopdl_cheap": nopdl,
         "first_mode": first["mode"] if first else None,
+        # one compiled up-projection in every server (registers and shared memory alike), or
+        # several; None where the traces did not record them
+        "one_up_binary": len(set(binaries)) == 1 if len(binaries) == len(servers) > 0 else None,
         "reading": reading,
     }
 

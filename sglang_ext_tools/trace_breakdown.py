@@ -311,6 +311,32 @@ def kernel_families(
 # 64 (`fused_moe_triton_config.try_get_optimal_moe_config`: the nearest M key), the one
 # difference the MoE path makes between 3/1/4's and 5/1/6's verify.
 GRID_KERNELS: tuple[str, ...] = ("fused_moe_kernel",)
+# What CUPTI records of the binary each launch ran (Kineto's kernel args): two launches of
+# one grid with different registers or shared memory ran different compiled kernels (another
+# Triton specialization, say); the same binary at a lower achieved occupancy ran beside other
+# work. Recorded per launch shape where the trace has them (issue #24's cheap and dear modes
+# of one grid).
+BINARY_ARGS: tuple[tuple[str, str], ...] = (
+    ("registers per thread", "registers"),
+    ("shared memory", "shared_memory"),
+    ("blocks per SM", "blocks_per_sm"),
+)
+OCCUPANCY_ARG = "est. achieved occupancy %"
+
+
+def _binary(kernels: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The distinct values of BINARY_ARGS among ``kernels`` (sorted lists) and their mean
+    achieved occupancy, for the args the trace has."""
+    out: dict[str, Any] = {}
+    for arg, key in BINARY_ARGS:
+        seen = {(k.get("args") or {}).get(arg) for k in kernels} - {None}
+        if seen:
+            out[key] = sorted(seen)
+    occ = [(k.get("args") or {}).get(OCCUPANCY_ARG) for k in kernels]
+    occ = [o for o in occ if isinstance(o, (int, float))]
+    if occ:
+        out["occupancy_pct"] = round(sum(occ) / len(occ), 1)
+    return out
 
 
 def kernel_grids(
@@ -332,13 +358,15 @@ def kernel_grids(
     for cls, kernels in classes:
         shapes = tally(kernels, shape)
         out[cls] = {}
-        for (needle, grid, block), (calls, us) in sorted(shapes.items(), key=lambda kv: -kv[1][0]):
+        for key, (calls, us) in sorted(shapes.items(), key=lambda kv: -kv[1][0]):
+            needle, grid, block = key
             out[cls].setdefault(needle, []).append(
                 {
                     "grid": list(grid),
                     "block": list(block),
                     "calls_per_cycle": round(calls / cycles, 2),
                     "us_per_cycle": round(us / cycles, 1),
+                    **_binary([k for k in kernels if shape(k) == key]),
                 }
             )
     return out

@@ -64,6 +64,26 @@ def test_each_reading_is_told_by_its_bounds(ups, cycles, reading):
     assert v["ready_within_150s"] and v["tau_within_2pct"]
 
 
+def test_the_up_projections_binary_is_compared_across_servers():
+    """Registers and shared memory name the compiled kernel; occupancy may differ."""
+    b = bench([(n, u, 2.885, 100.0) for n, u in zip(NAMES, (68.6, 82.2, 68.9), strict=True)])
+    f = fit(dict(zip(NAMES, (11.84, 12.86, 11.9), strict=True)))
+    assert sv.verdict(b, f, sv.DEFAULT_ROLES, "b.json")["one_up_binary"] is None  # untraced
+    for name, regs, occ in zip(NAMES, (128, 128, 128), (25.0, 19.0, 25.0), strict=True):
+        row = b["profiles"][name]["kernel_grids"]["target_graph"]["fused_moe_kernel"][0]
+        row.update(registers=[regs], shared_memory=[49152], occupancy_pct=occ)
+    v = sv.verdict(b, f, sv.DEFAULT_ROLES, "b.json")
+    assert v["one_up_binary"] is True
+    assert v["servers"][NAMES[1]]["up_binary"] == {
+        "registers": [128],
+        "shared_memory": [49152],
+        "occupancy_pct": 19.0,
+    }
+    row = b["profiles"][NAMES[1]]["kernel_grids"]["target_graph"]["fused_moe_kernel"][0]
+    row["registers"] = [96]
+    assert sv.verdict(b, f, sv.DEFAULT_ROLES, "b.json")["one_up_binary"] is False
+
+
 def test_modes_between_the_bounds_and_untraced_are_named():
     assert [sv.mode(x) for x in (72.0, 75.0, 78.0, None)] == ["cheap", "between", "dear", "unread"]
 

@@ -172,6 +172,32 @@ def test_kernel_grids_say_which_config_the_fused_moe_kernels_ran():
     assert kernel_grids(_trace(cycles=1)) == {"target_graph": {}, "drafter_graph": {}}
 
 
+def test_kernel_grids_tell_a_different_binary_of_one_grid_by_its_registers():
+    """Issue #24's two modes ran one grid; CUPTI's registers, shared memory and occupancy say
+    whether they ran one compiled kernel. Launches of one grid with two register counts are
+    one shape with both counts listed; the occupancy is the launches' mean."""
+    from sglang_ext_tools.trace_breakdown import kernel_grids
+
+    trace = _trace(cycles=2)
+    verify = [e for e in trace["traceEvents"] if e.get("name") == "k" and e["dur"] == 100.0]
+    for i, k in enumerate(verify[:4] + verify[40:44]):
+        k["name"] = "fused_moe_kernel"
+        k["args"].update(
+            {
+                "grid": [544, 1, 1],
+                "block": [128, 1, 1],
+                "registers per thread": 128 if i < 4 else 96,
+                "shared memory": 49152,
+                "blocks per SM": 4.12,
+                "est. achieved occupancy %": 25 if i < 4 else 19,
+            }
+        )
+    (row,) = kernel_grids(trace)["target_graph"]["fused_moe_kernel"]
+    assert row["grid"] == [544, 1, 1] and row["calls_per_cycle"] == 4.0
+    assert row["registers"] == [96, 128] and row["shared_memory"] == [49152]
+    assert row["blocks_per_sm"] == [4.12] and row["occupancy_pct"] == 22.0
+
+
 def _with_prefill(trace: dict, us: float = 9000.0) -> dict:
     """The request's prefill before the first cycle: one long kernel outside any graph."""
     events = trace["traceEvents"]
