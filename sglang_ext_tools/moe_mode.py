@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from sglang_ext_tools.json_out import emit
+from sglang_ext_tools.trace_breakdown import binary_args
 from sglang_ext_tools.tune_moe import MoeShape, shape_and_best, write_config
 
 NEEDLE = "fused_moe_kernel"
@@ -144,7 +145,8 @@ def run_env(run: Run, root: Path, config_dir: Path, base: Mapping[str, str]) -> 
 
 def up_and_down(kernels: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     """The fused-MoE GEMM launches of a profiled replay, in launch order: each call runs the
-    up-projection, then the down-projection. Mean us a launch and grid of each."""
+    up-projection, then the down-projection. Mean us a launch and grid of each, and the
+    binary's registers and shared memory where the trace has them (as a server's trace)."""
     launches = sorted((k for k in kernels if NEEDLE in k.get("name", "")), key=lambda k: k["ts"])
     if not launches or len(launches) % 2:
         raise ValueError(f"{len(launches)} {NEEDLE} launches: expected two a call")
@@ -155,6 +157,7 @@ def up_and_down(kernels: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
             "calls": len(picked),
             "mean_us": round(statistics.fmean(k["dur"] for k in picked), 2),
             "grids": sorted(list(g) for g in grids),
+            **binary_args(picked),
         }
     return out
 

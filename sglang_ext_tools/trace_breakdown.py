@@ -324,7 +324,7 @@ BINARY_ARGS: tuple[tuple[str, str], ...] = (
 OCCUPANCY_ARG = "est. achieved occupancy %"
 
 
-def _binary(kernels: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def binary_args(kernels: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The distinct values of BINARY_ARGS among ``kernels`` (sorted lists) and their mean
     achieved occupancy, for the args the trace has."""
     out: dict[str, Any] = {}
@@ -366,7 +366,7 @@ def kernel_grids(
                     "block": list(block),
                     "calls_per_cycle": round(calls / cycles, 2),
                     "us_per_cycle": round(us / cycles, 1),
-                    **_binary([k for k in kernels if shape(k) == key]),
+                    **binary_args([k for k in kernels if shape(k) == key]),
                 }
             )
     return out

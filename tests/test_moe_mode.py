@@ -94,6 +94,20 @@ def test_the_first_gemm_of_each_call_is_the_up_projection():
         mm.up_and_down([])
 
 
+def test_the_up_projections_binary_is_kept_where_the_trace_has_it():
+    """Registers and shared memory, as a server trace's kernel_grids keeps them: the
+    standalone binary compares with a server's."""
+    events = []
+    for call in range(2):
+        up, down = _kernel(100.0 * call, 70.0, [544]), _kernel(100.0 * call + 50, 30.0, [1792])
+        up["args"].update({"registers per thread": 128, "shared memory": 49152})
+        down["args"].update({"registers per thread": 96, "est. achieved occupancy %": 20})
+        events += [up, down]
+    got = mm.up_and_down(events)
+    assert got["up"]["registers"] == [128] and got["up"]["shared_memory"] == [49152]
+    assert got["down"]["registers"] == [96] and got["down"]["occupancy_pct"] == 20.0
+
+
 def test_children_run_in_order_and_a_failed_one_says_why(tmp_path):
     seen = []
 
