@@ -118,8 +118,10 @@ def verdict(
     servers = server_rows(bench, fit, where)
     missing = [f"{r}={n}" for r, n in roles.items() if n not in servers]
     by_role = {r: servers.get(n) for r, n in roles.items()}
-    ready = [s["ready_after_s"] for s in servers.values()]
+    # every server of the run, the baseline too, as registered
+    ready = [s.get("ready_after_s") for s in bench.get("servers", [])]
     taus = [s["tau"] for s in servers.values()]
+    known = [t for t in taus if t]
     fresh = _cheap(by_role.get("fresh"), FRESH_CYCLE_MAX_MS)
     nopdl = _cheap(by_role.get("nopdl"), NOPDL_CYCLE_MAX_MS)
     if fresh is None or nopdl is None:
@@ -156,6 +158,8 @@ def verdict(
         "ready_within_150s": bool(ready) and all(r is not None and r <= READY_MAX_S for r in ready),
         "tau_within_2pct": bool(taus)
         and all(t is not None and abs(t / TAU_REF - 1) <= TAU_TOL for t in taus),
+        # the servers against each other (one set of models: a fresh build's tau is its own)
+        "tau_spread": round(max(known) / min(known), 4) if known else None,
         "fresh_cheap": fresh,
         "nopdl_cheap": nopdl,
         "first_mode": first["mode"] if first else None,

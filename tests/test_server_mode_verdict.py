@@ -92,6 +92,10 @@ def test_late_start_off_tau_and_a_missing_server_are_reported():
     b = bench([(NAMES[0], 68.6, 2.885, 100.0), (NAMES[1], 69.0, 2.80, 160.0)])
     v = sv.verdict(b, fit({NAMES[0]: 11.8, NAMES[1]: 12.0}), sv.DEFAULT_ROLES, "b.json")
     assert not v["ready_within_150s"] and not v["tau_within_2pct"]
+    assert v["tau_spread"] == round(2.885 / 2.80, 4)
+    b["servers"][2]["ready_after_s"], b["servers"][0]["ready_after_s"] = 140.0, 151.0
+    v = sv.verdict(b, fit({NAMES[0]: 11.8}), sv.DEFAULT_ROLES, "b.json")
+    assert not v["ready_within_150s"]  # the baseline counts too
     assert v["missing_roles"] == [f"fresh={NAMES[2]}"]
     assert v["reading"].startswith("not separable")
 
