@@ -32,9 +32,11 @@ from typing import Any
 
 from sglang_ext_tools.json_out import emit
 
-# the registered bounds (H100, 5/1/6, the tenth run's MoE config)
-CHEAP_MAX_US = 72.0
-DEAR_MIN_US = 78.0
+# the up-projection's cheap and dear bounds are the standalone probe's registration's
+from sglang_ext_tools.moe_mode_verdict import CHEAP_MAX_US, DEAR_MIN_US
+from sglang_ext_tools.trace_breakdown import BINARY_KEYS
+
+# the rest of the registered bounds (H100, 5/1/6, the tenth run's MoE config)
 UP_GRID = 544  # the up-projection's launch grid at 6 tokens
 READY_MAX_S = 150.0
 TAU_REF = 2.885
@@ -53,10 +55,6 @@ def mode(up_us: float | None) -> str:
     if up_us <= CHEAP_MAX_US:
         return "cheap"
     return "dear" if up_us >= DEAR_MIN_US else "between"
-
-
-# what the trace says of the binary that ran (trace_breakdown.BINARY_ARGS), where it has them
-BINARY_KEYS = ("registers", "shared_memory", "blocks_per_sm", "occupancy_pct")
 
 
 def up_projection(profile: Mapping[str, Any], grid: int, where: str) -> dict[str, Any] | None:
@@ -109,7 +107,7 @@ def _cheap(row: Mapping[str, Any] | None, cycle_max: float) -> bool | None:
     """True/False where the server was traced and timed; None where it was not."""
     if not row or row["up_us_per_call"] is None or row["ms_per_cycle"] is None:
         return None
-    return row["up_us_per_call"] <= CHEAP_MAX_US and row["ms_per_cycle"] <= cycle_max
+    return row["mode"] == "cheap" and row["ms_per_cycle"] <= cycle_max
 
 
 def verdict(

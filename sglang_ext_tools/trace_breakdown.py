@@ -322,6 +322,8 @@ BINARY_ARGS: tuple[tuple[str, str], ...] = (
     ("blocks per SM", "blocks_per_sm"),
 )
 OCCUPANCY_ARG = "est. achieved occupancy %"
+# the keys binary_args gives (as kernel_grids' rows carry them)
+BINARY_KEYS: tuple[str, ...] = (*(key for _, key in BINARY_ARGS), "occupancy_pct")
 
 
 def binary_args(kernels: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -356,17 +358,21 @@ def kernel_grids(
     cycles, classes = _graph_classes(trace)
     out: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for cls, kernels in classes:
-        shapes = tally(kernels, shape)
+        # each launch shape's kernels, grouped once, in first-seen order
+        shapes: dict[tuple, list[Mapping[str, Any]]] = {}
+        for k in kernels:
+            key = shape(k)
+            if key is not None:
+                shapes.setdefault(key, []).append(k)
         out[cls] = {}
-        for key, (calls, us) in sorted(shapes.items(), key=lambda kv: -kv[1][0]):
-            needle, grid, block = key
+        for (needle, grid, block), launches in sorted(shapes.items(), key=lambda kv: -len(kv[1])):
             out[cls].setdefault(needle, []).append(
                 {
                     "grid": list(grid),
                     "block": list(block),
-                    "calls_per_cycle": round(calls / cycles, 2),
-                    "us_per_cycle": round(us / cycles, 1),
-                    **binary_args([k for k in kernels if shape(k) == key]),
+                    "calls_per_cycle": round(len(launches) / cycles, 2),
+                    "us_per_cycle": round(sum(k.get("dur", 0) for k in launches) / cycles, 1),
+                    **binary_args(launches),
                 }
             )
     return out
