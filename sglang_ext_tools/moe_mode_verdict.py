@@ -4,8 +4,8 @@
 the process's kernels were compiled in it (label ``fresh-…``) or loaded from a cache an
 earlier process filled (``warm-…``), and whether the Triton MoE GEMM launches with PDL
 (``pdl`` "1"/"0"). The tenth seed-shape run's servers drew the up-projection at 6 tokens in
-two modes, 68.6 and 82.2 us a call on an H100. Registered on 2026-12-06 (README, "Next device
-sessions") before the probe ran, on an H100:
+two modes, 68.6 and 82.2 us a call on an H100. Registered on 2026-12-06
+(docs/next-device-sessions.md) before the probe ran, on an H100:
 
 - the cache condition took: each fresh run's first call >= 1 s at each token count, each warm
   run's < 1 s;

@@ -3,8 +3,8 @@
 The tenth seed-shape run's 5/1/6 servers drew the MoE up-projection at 6 tokens (launch grid
 544) in two modes on an H100, 68.6 us a call (cheap, cycle 11.84 ms) and 82.2 us (dear,
 12.86 ms). The standalone probe found neither a fresh compile nor PDL dear outside a server.
-The server run registered before it ran (README, "Next device sessions", seventeenth
-session's amendment) serves three 5/1/6 servers in start order beside a no-speculation
+The server run registered before it ran (docs/next-device-sessions.md, the
+seventeenth session's amendment) serves three 5/1/6 servers in start order beside a no-speculation
 baseline: the first pair's plain 5/1/6, ``nopdl`` (Triton MoE launched without PDL, warm
 caches) and ``fresh`` (empty caches of its own: it compiles every kernel in its process).
 Registered, on an H100:

@@ -1344,10 +1344,10 @@ def test_a_variant_joins_several_switches_with_plus():
 def test_the_next_registered_seed_shape_run_plans_twins_and_the_prefill_graph_variant(
     prompts_file,
 ):
-    """README's next #24 run (registered 2026-12-03, eighth session): seed-shape-bench's own
-    flags, then the run's. Each twin (`b`, an environment variable nothing reads) measures in
-    its plain server's group, and the prefill-graph variant's flags come after the bench's
-    `--cuda-graph-backend-prefill disabled`, so SGLang's parser keeps the variant's."""
+    """The next #24 run of docs/next-device-sessions.md (registered 2026-12-03, eighth session):
+    seed-shape-bench's own flags, then the run's. Each twin (`b`, an environment variable nothing
+    reads) measures in its plain server's group, and the prefill-graph variant's flags come after
+    the bench's `--cuda-graph-backend-prefill disabled`, so SGLang's parser keeps the variant's."""
     argv = [
         "--target", "T", "--drafter", "D", "--prompts", str(prompts_file),
         "--settings", "3,1,4", "5,1,6", "3,4,5", "--attention-backend", "fa3",

@@ -195,9 +195,9 @@ def test_the_fourteenth_sessions_h100_command_regroups_into_pairs(rank_shape_on_
 def test_the_fifteenth_sessions_registered_command_plans_three_pairs_or_one_group(
     rank_shape_on_h100, monkeypatch, capsys
 ):
-    """#24's next registered run (README, after the tenth): 5/1/6, a server on caches of its
-    own and one with the fused MoE's PDL off. On an H100 three pairs with the baseline; on an
-    H200 one group of four. Each variant carries its env and nothing else."""
+    """#24's next registered run (docs/next-device-sessions.md, after the tenth): 5/1/6, a server on
+    caches of its own and one with the fused MoE's PDL off. On an H100 three pairs with the
+    baseline; on an H200 one group of four. Each variant carries its env and nothing else."""
     variants = ["--variant", "nopdl@5,1,6:SGLANG_EXT_MOE_PDL=0",
                 "--variant", "fresh@5,1,6:SGLANG_CACHE_DIR=/tmp/sgl-fresh"
                 "+SGLANG_JIT_CACHE_DIR=/tmp/sgl-fresh/jit"
