@@ -114,7 +114,10 @@
 #   bash node/gpu_node.sh dummy-bench-start [bench args]
 #                                              bench_speed on the dummy 8B shape with the plugin
 #                                              loaded (tau ~ 1: a cycle's cost is 1 / speedup),
-#                                              detached; after one-install (no training)
+#                                              detached; after one-install (no training).
+#                                              DUMMY_SHAPE=rank: #24's rank shape instead;
+#                                              DUMMY_MOE_CONFIG_FROM=REPORT: a committed
+#                                              tune-moe.json's fused-MoE config for all
 #   bash node/gpu_node.sh dummy-bench-wait [SECS]
 #                                              watch; speed.json, bench log, server logs -> $OUT
 #
@@ -926,8 +929,24 @@ dummy-bench-start)
 dummy-bench-pipeline)
     cd /tmp/repo
     while [ ! -f "$INSTALLED" ]; do sleep 2; done
-    python3 -m sglang_ext_tools.fixtures.make_dummy_8b /tmp/dummyb
+    # DUMMY_SHAPE=rank: issue #24's rank shape (fixtures.make_dummy_rank) in place of the 8B
+    # one; DUMMY_MOE_CONFIG_FROM=REPORT: every server on that committed tune-moe.json's fused
+    # MoE config (tune_moe --from-report, as SEED_MOE_CONFIG_FROM), so its one-token launch is
+    # the trained servers' exactly
+    case ${DUMMY_SHAPE:-8b} in
+    8b) python3 -m sglang_ext_tools.fixtures.make_dummy_8b /tmp/dummyb ;;
+    rank) python3 -m sglang_ext_tools.fixtures.make_dummy_rank /tmp/dummyb ;;
+    *) echo "DUMMY_SHAPE=${DUMMY_SHAPE}: expected 8b or rank" >&2; touch /tmp/dummyb/DONE; exit 2 ;;
+    esac
     mkdir -p /tmp/dummyb/result
+    if [ -n "${DUMMY_MOE_CONFIG_FROM:-}" ]; then
+        rm -rf /tmp/dummyb/moe-configs
+        if python3 -m sglang_ext_tools.tune_moe --from-report "$DUMMY_MOE_CONFIG_FROM" \
+            --out /tmp/dummyb/moe-configs --json /tmp/dummyb/result/tune-moe.json \
+            >/tmp/dummyb/result/tune-moe.log 2>&1; then
+            export SGLANG_MOE_CONFIG_DIR=/tmp/dummyb/moe-configs
+        fi
+    fi
     limit=$(bench_limit "${DUMMY_BENCH_LIMIT:-}" 500)
     echo "bench limit ${limit} s at $(date +%T)"
     # shellcheck disable=SC2086  # bench flags, split on purpose
@@ -944,7 +963,8 @@ dummy-bench-wait)
     wait_for /tmp/dummyb "${1:-540}"
     tail -n 25 /tmp/dummyb/result/bench.log 2>/dev/null
     cp /tmp/dummyb/result/speed.json /tmp/dummyb/result/bench.log \
-        /tmp/dummyb/result/server-logs.tgz /tmp/dummyb/pipeline.log "$OUT"/ 2>/dev/null || true
+        /tmp/dummyb/result/server-logs.tgz /tmp/dummyb/pipeline.log \
+        /tmp/dummyb/result/tune-moe.json "$OUT"/ 2>/dev/null || true
     nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
     [ -f /tmp/dummyb/DONE ]
     ;;
