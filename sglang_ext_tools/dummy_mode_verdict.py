@@ -1,0 +1,153 @@
+"""The fixture-free #24 mode probe read against its registration: do dummy-weight servers of
+the rank shape draw the MoE up-projection's two modes?
+
+Registered 2026-12-07 before it ran (docs/next-device-sessions.md, nineteenth session), on an
+H100 with the tenth run's MoE config: a no-speculation baseline beside three 5/1/6 servers in
+pairs (the plain one, ``nopdl``, ``fresh``), all ``--load-format dummy``. The fused MoE's grid
+does not depend on the weights, so:
+
+- the baseline's one-token up-projection (grid 128) is the trained launch exactly: cheap at
+  <= 40 us a call or dear at >= 48 us (the trained baselines' 33.0 and 54.9), else "between";
+- the verify up-projection (grid 544) reads fewer experts than a trained verify, so no trained
+  bound applies: the three 5/1/6 servers compare with each other. The modes appear if the
+  slowest over the fastest is >= 1.10, none if <= 1.05, "unclear" between;
+- where they appear, a server is cheap within 5 % of the fastest, and ``fresh`` and ``nopdl``
+  read as the server run's candidates (a) and (b);
+- every server ready within 150 s.
+
+    python -m sglang_ext_tools.dummy_mode_verdict --bench speed.json --out verdict.json \
+        [--role first=spec-5-1-6 nopdl=spec-5-1-6-nopdl fresh=spec-5-1-6-fresh]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from sglang_ext_tools.json_out import emit
+from sglang_ext_tools.server_mode_verdict import READY_MAX_S, parse_roles, up_projection
+
+ONE_TOKEN_GRID = 128
+VERIFY_GRID = 544
+BASE_CHEAP_MAX_US = 40.0
+BASE_DEAR_MIN_US = 48.0
+MODES_MIN_SPREAD = 1.10
+NO_MODES_MAX_SPREAD = 1.05
+CHEAP_OF_FASTEST = 1.05
+
+
+def _up(bench: Mapping[str, Any], name: str, grid: int, where: str) -> dict[str, Any] | None:
+    profile = (bench.get("profiles") or {}).get(name)
+    if not profile:
+        return None
+    return up_projection(profile, grid, f"{where}: profiles[{name}]")
+
+
+def baseline_mode(us: float | None) -> str:
+    if us is None:
+        return "unread"
+    if us <= BASE_CHEAP_MAX_US:
+        return "cheap"
+    return "dear" if us >= BASE_DEAR_MIN_US else "between"
+
+
+def verdict(bench: Mapping[str, Any], roles: Mapping[str, str], where: str) -> dict[str, Any]:
+    servers = {s["name"]: s for s in bench.get("servers", [])}
+    base = next((s for s in servers.values() if s.get("role") == "nospec"), None)
+    base_up = _up(bench, base["name"], ONE_TOKEN_GRID, where) if base else None
+    spec = {}
+    for role, name in roles.items():
+        up = _up(bench, name, VERIFY_GRID, where) if name in servers else None
+        spec[role] = {
+            "server": name,
+            "ready_after_s": servers.get(name, {}).get("ready_after_s"),
+            "up_us_per_call": up.pop("us_per_call") if up else None,
+            "up_binary": up or None,
+        }
+    read = {r: v["up_us_per_call"] for r, v in spec.items() if v["up_us_per_call"] is not None}
+    spread = round(max(read.values()) / min(read.values()), 4) if len(read) >= 2 else None
+    if spread is None:
+        modes = "unread"
+    elif spread >= MODES_MIN_SPREAD:
+        modes = "modes appear"
+    elif spread <= NO_MODES_MAX_SPREAD:
+        modes = "no modes"
+    else:
+        modes = "unclear"
+    cheap = {}
+    if modes == "modes appear":
+        fastest = min(read.values())
+        cheap = {r: us <= fastest * CHEAP_OF_FASTEST for r, us in read.items()}
+        for role in spec:
+            spec[role]["cheap"] = cheap.get(role)
+    fresh, nopdl = cheap.get("fresh"), cheap.get("nopdl")
+    if modes != "modes appear":
+        reading = f"no reading of the candidates: {modes} among the 5/1/6 servers"
+    elif fresh is None or nopdl is None:
+        reading = "not separable: fresh or nopdl was not traced"
+    elif fresh and nopdl:
+        reading = "both cheap: both readings stay open (next: swapped start order)"
+    elif fresh:
+        reading = "(a) caches set the mode"
+    elif nopdl:
+        reading = "(b) the early PDL launch sets the mode"
+    else:
+        reading = "neither: both dear"
+    binaries = {
+        tuple(json.dumps(v["up_binary"].get(k)) for k in ("registers", "shared_memory"))
+        for v in spec.values()
+        if v["up_binary"] and "registers" in v["up_binary"]
+    }
+    ready = [s.get("ready_after_s") for s in servers.values()]
+    return {
+        "gpu": bench.get("gpu"),
+        "gpu_uuid": (bench.get("gpu_info") or {}).get("uuid"),
+        "bench": where,
+        "roles": dict(roles),
+        "bounds": {
+            "one_token_grid": ONE_TOKEN_GRID,
+            "verify_grid": VERIFY_GRID,
+            "baseline_cheap_max_us": BASE_CHEAP_MAX_US,
+            "baseline_dear_min_us": BASE_DEAR_MIN_US,
+            "modes_min_spread": MODES_MIN_SPREAD,
+            "no_modes_max_spread": NO_MODES_MAX_SPREAD,
+            "cheap_of_fastest": CHEAP_OF_FASTEST,
+        },
+        "baseline": {
+            "server": base["name"] if base else None,
+            "up_us_per_call": base_up.get("us_per_call") if base_up else None,
+            "mode": baseline_mode(base_up.get("us_per_call") if base_up else None),
+        },
+        "servers": spec,
+        "verify_spread": spread,
+        "modes": modes,
+        "reading": reading,
+        "one_up_binary": len(binaries) == 1 if binaries else None,
+        "ready_within_150s": bool(ready) and all(r is not None and r <= READY_MAX_S for r in ready),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--bench", required=True, help="bench_speed's JSON (with --profile)")
+    p.add_argument("--role", nargs="*", default=[], help="ROLE=SERVER (first, nopdl, fresh)")
+    p.add_argument("--out", help="write the verdict here too (never over an existing file)")
+    args = p.parse_args(argv)
+    if args.out and Path(args.out).exists():
+        p.error(f"--out {args.out}: exists; not overwriting it")
+    try:
+        roles = parse_roles(args.role)
+        bench = json.loads(Path(args.bench).read_text())
+        result = verdict(bench, roles, Path(args.bench).name)
+    except (OSError, ValueError, KeyError) as e:
+        print(f"dummy_mode_verdict: {e}", file=sys.stderr)
+        return 2
+    return emit(result, Path(args.out) if args.out else None)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
