@@ -118,6 +118,8 @@
 #                                              DUMMY_SHAPE=rank: #24's rank shape instead;
 #                                              DUMMY_MOE_CONFIG_FROM=REPORT: a committed
 #                                              tune-moe.json's fused-MoE config for all
+#   bash node/gpu_node.sh dummy-prepare DIR    what dummy-bench-pipeline writes first (the
+#                                              dummy models; the MoE config it serves)
 #   bash node/gpu_node.sh dummy-bench-wait [SECS]
 #                                              watch; speed.json, bench log, server logs -> $OUT
 #
@@ -193,6 +195,28 @@ if [ -d "$SITE/nvidia_cutlass_dsl/dsl_packages" ]; then
     export PYTHONPATH="$PYTHONPATH:$SITE/nvidia_cutlass_dsl/dsl_packages"
 fi
 
+# The dummy models in DIR and DIR/result: DUMMY_SHAPE=rank writes issue #24's rank shape
+# (fixtures.make_dummy_rank) in place of the 8B one; DUMMY_MOE_CONFIG_FROM=REPORT serves every
+# server that committed tune-moe.json's fused-MoE config (tune_moe --from-report, as
+# SEED_MOE_CONFIG_FROM), so a one-token launch is the trained servers' exactly (exported here:
+# call it in the shell that starts the bench)
+dummy_prepare() {
+    local dir=$1
+    case ${DUMMY_SHAPE:-8b} in
+    8b) python3 -m sglang_ext_tools.fixtures.make_dummy_8b "$dir" || return 1 ;;
+    rank) python3 -m sglang_ext_tools.fixtures.make_dummy_rank "$dir" || return 1 ;;
+    *) echo "DUMMY_SHAPE=${DUMMY_SHAPE}: expected 8b or rank" >&2; return 2 ;;
+    esac
+    mkdir -p "$dir/result"
+    if [ -n "${DUMMY_MOE_CONFIG_FROM:-}" ]; then
+        rm -rf "$dir/moe-configs"
+        if python3 -m sglang_ext_tools.tune_moe --from-report "$DUMMY_MOE_CONFIG_FROM" \
+            --out "$dir/moe-configs" --json "$dir/result/tune-moe.json" \
+            >"$dir/result/tune-moe.log" 2>&1; then
+            export SGLANG_MOE_CONFIG_DIR=$dir/moe-configs
+        fi
+    fi
+}
 # The detached pipelines run from their own copy: each device call re-syncs the checkout.
 copy_repo() {
     rm -rf /tmp/repo && mkdir /tmp/repo && cp -r scripts node sglang_ext sglang_ext_tools tests patches pyproject.toml /tmp/repo/
@@ -929,24 +953,7 @@ dummy-bench-start)
 dummy-bench-pipeline)
     cd /tmp/repo
     while [ ! -f "$INSTALLED" ]; do sleep 2; done
-    # DUMMY_SHAPE=rank: issue #24's rank shape (fixtures.make_dummy_rank) in place of the 8B
-    # one; DUMMY_MOE_CONFIG_FROM=REPORT: every server on that committed tune-moe.json's fused
-    # MoE config (tune_moe --from-report, as SEED_MOE_CONFIG_FROM), so its one-token launch is
-    # the trained servers' exactly
-    case ${DUMMY_SHAPE:-8b} in
-    8b) python3 -m sglang_ext_tools.fixtures.make_dummy_8b /tmp/dummyb ;;
-    rank) python3 -m sglang_ext_tools.fixtures.make_dummy_rank /tmp/dummyb ;;
-    *) echo "DUMMY_SHAPE=${DUMMY_SHAPE}: expected 8b or rank" >&2; touch /tmp/dummyb/DONE; exit 2 ;;
-    esac
-    mkdir -p /tmp/dummyb/result
-    if [ -n "${DUMMY_MOE_CONFIG_FROM:-}" ]; then
-        rm -rf /tmp/dummyb/moe-configs
-        if python3 -m sglang_ext_tools.tune_moe --from-report "$DUMMY_MOE_CONFIG_FROM" \
-            --out /tmp/dummyb/moe-configs --json /tmp/dummyb/result/tune-moe.json \
-            >/tmp/dummyb/result/tune-moe.log 2>&1; then
-            export SGLANG_MOE_CONFIG_DIR=/tmp/dummyb/moe-configs
-        fi
-    fi
+    if ! dummy_prepare /tmp/dummyb; then touch /tmp/dummyb/DONE; exit 2; fi
     limit=$(bench_limit "${DUMMY_BENCH_LIMIT:-}" 500)
     echo "bench limit ${limit} s at $(date +%T)"
     # shellcheck disable=SC2086  # bench flags, split on purpose
@@ -958,6 +965,11 @@ dummy-bench-pipeline)
         2>&1 | tee -i /tmp/dummyb/result/bench.log || true
     tar -czf /tmp/dummyb/result/server-logs.tgz -C /tmp/dummyb/logs . 2>/dev/null || true
     touch /tmp/dummyb/DONE
+    ;;
+dummy-prepare)
+    # dummy_prepare on its own (DIR), then the MoE config dir the servers would get
+    dummy_prepare "$1"
+    echo "SGLANG_MOE_CONFIG_DIR=${SGLANG_MOE_CONFIG_DIR:-}"
     ;;
 dummy-bench-wait)
     wait_for /tmp/dummyb "${1:-540}"

@@ -631,3 +631,52 @@ def test_seed_shape_bench_serves_a_reports_config_without_tuning(tmp_path, from_
     else:
         assert tunes and all("--from-report" not in c for c in tunes)
         assert "--time-limit" in tunes[0]
+
+
+@pytest.mark.parametrize(
+    "shape, maker, from_report",
+    [
+        (None, "make_dummy_8b", None),
+        ("rank", "make_dummy_rank", "tests/gpu/results/r-tune-moe.json"),
+    ],
+)
+def test_dummy_prepare_writes_the_shape_asked_for_and_serves_a_reports_config(
+    tmp_path, shape, maker, from_report
+):
+    """DUMMY_SHAPE picks the config-only maker; DUMMY_MOE_CONFIG_FROM has tune_moe write the
+    servers' config from a committed report (nothing timed) and points SGLang at it. Every
+    python3 call is logged, none does work."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "python3").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "calls"}\n')
+    (fake / "python3").chmod(0o755)
+    env = {"PATH": f"{fake}:/usr/bin:/bin", "OUT": str(tmp_path / "out"), "HOME": str(tmp_path)}
+    if shape:
+        env["DUMMY_SHAPE"] = shape
+    if from_report:
+        env["DUMMY_MOE_CONFIG_FROM"] = from_report
+    d = tmp_path / "dummyb"
+    proc = subprocess.run(["bash", str(SCRIPT), "dummy-prepare", str(d)], env=env, cwd=ROOT,
+                          capture_output=True, text=True, check=False, timeout=60)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert calls[0] == f"-m sglang_ext_tools.fixtures.{maker} {d}"
+    tunes = [c for c in calls if "tune_moe" in c]
+    if from_report:
+        assert tunes == [
+            f"-m sglang_ext_tools.tune_moe --from-report {from_report} --out {d}/moe-configs "
+            f"--json {d}/result/tune-moe.json"
+        ]
+        assert f"SGLANG_MOE_CONFIG_DIR={d}/moe-configs" in proc.stdout
+    else:
+        assert not tunes and "SGLANG_MOE_CONFIG_DIR=\n" in proc.stdout
+
+
+def test_dummy_prepare_refuses_an_unknown_shape(tmp_path):
+    env = {"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "out"), "DUMMY_SHAPE": "70b"}
+    argv = ["bash", str(SCRIPT), "dummy-prepare", str(tmp_path / "d")]
+    proc = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, check=False,
+                          timeout=60)  # fmt: skip
+    assert proc.returncode == 2
+    assert "DUMMY_SHAPE=70b: expected 8b or rank" in proc.stderr
+    assert not (tmp_path / "d").exists()
