@@ -209,12 +209,17 @@ dummy_prepare() {
     esac
     mkdir -p "$dir/result"
     if [ -n "${DUMMY_MOE_CONFIG_FROM:-}" ]; then
-        rm -rf "$dir/moe-configs"
-        if python3 -m sglang_ext_tools.tune_moe --from-report "$DUMMY_MOE_CONFIG_FROM" \
+        # a run asked for that config: without it no server starts (the default config's
+        # kernels are not the ones the probe compares with)
+        rm -rf "$dir/moe-configs" "$dir/result/tune-moe.json"
+        if ! python3 -m sglang_ext_tools.tune_moe --from-report "$DUMMY_MOE_CONFIG_FROM" \
             --out "$dir/moe-configs" --json "$dir/result/tune-moe.json" \
             >"$dir/result/tune-moe.log" 2>&1; then
-            export SGLANG_MOE_CONFIG_DIR=$dir/moe-configs
+            echo "DUMMY_MOE_CONFIG_FROM=$DUMMY_MOE_CONFIG_FROM: no config rebuilt" \
+                "($dir/result/tune-moe.log)" >&2
+            return 1
         fi
+        export SGLANG_MOE_CONFIG_DIR=$dir/moe-configs
     fi
 }
 # The detached pipelines run from their own copy: each device call re-syncs the checkout.

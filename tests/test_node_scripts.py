@@ -680,3 +680,20 @@ def test_dummy_prepare_refuses_an_unknown_shape(tmp_path):
     assert proc.returncode == 2
     assert "DUMMY_SHAPE=70b: expected 8b or rank" in proc.stderr
     assert not (tmp_path / "d").exists()
+
+
+def test_dummy_prepare_stops_when_the_asked_config_cannot_be_rebuilt(tmp_path):
+    """No silent fallback to SGLang's default MoE config: the probe compares kernels of the
+    report's config, so a failed rebuild stops the pipeline before any server starts."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "python3").write_text('#!/bin/sh\ncase "$*" in *tune_moe*) exit 2;; esac\n')
+    (fake / "python3").chmod(0o755)
+    env = {"PATH": f"{fake}:/usr/bin:/bin", "OUT": str(tmp_path / "out"),
+           "DUMMY_SHAPE": "rank", "DUMMY_MOE_CONFIG_FROM": "missing-tune-moe.json"}  # fmt: skip
+    argv = ["bash", str(SCRIPT), "dummy-prepare", str(tmp_path / "d")]
+    proc = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, check=False,
+                          timeout=60)  # fmt: skip
+    assert proc.returncode == 1
+    assert "DUMMY_MOE_CONFIG_FROM=missing-tune-moe.json: no config rebuilt" in proc.stderr
+    assert "SGLANG_MOE_CONFIG_DIR" not in proc.stdout
