@@ -728,12 +728,17 @@ seed-shape-bench)
     # kernels are an earlier run's exactly (the tenth run's cheap/dear figures were its
     # config's), and the ~130 s of tuning go to the bench
     if [ -n "${SEED_MOE_CONFIG_FROM:-}" ]; then
-        rm -rf "$SEED/moe-configs"
-        if python3 -m sglang_ext_tools.tune_moe --from-report "$SEED_MOE_CONFIG_FROM" \
+        # asked for, that config or no run: the default config's kernels are not the ones
+        # the run compares with (no silent fallback)
+        rm -rf "$SEED/moe-configs" "$OUT/tune-moe.json"
+        if ! python3 -m sglang_ext_tools.tune_moe --from-report "$SEED_MOE_CONFIG_FROM" \
             --out "$SEED/moe-configs" --json "$OUT/tune-moe.json" >"$OUT/tune-moe.log" 2>&1
         then
-            export SGLANG_MOE_CONFIG_DIR=$SEED/moe-configs
+            echo "SEED_MOE_CONFIG_FROM=$SEED_MOE_CONFIG_FROM: no config rebuilt" \
+                "($OUT/tune-moe.log); no server started" | tee -a "$OUT/bench.log" >&2
+            exit 1
         fi
+        export SGLANG_MOE_CONFIG_DIR=$SEED/moe-configs
     elif [ "${SEED_MOE_TUNE:-1}" = 1 ]; then
         rm -rf "$SEED/moe-configs"
         if python3 -m sglang_ext_tools.tune_moe --model "$MLA/wide-target" \

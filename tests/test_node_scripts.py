@@ -697,3 +697,29 @@ def test_dummy_prepare_stops_when_the_asked_config_cannot_be_rebuilt(tmp_path):
     assert proc.returncode == 1
     assert "DUMMY_MOE_CONFIG_FROM=missing-tune-moe.json: no config rebuilt" in proc.stderr
     assert "SGLANG_MOE_CONFIG_DIR" not in proc.stdout
+
+
+def test_seed_shape_bench_stops_when_the_asked_config_cannot_be_rebuilt(tmp_path):
+    """SEED_MOE_CONFIG_FROM that tune_moe cannot rebuild: no server starts on SGLang's default
+    config in its place; the bench log says why."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    calls = tmp_path / "calls"
+    (fake / "python3").write_text(
+        f'#!/bin/sh\necho "$@" >> {calls}\ncase "$*" in *tune_moe*) exit 2;; esac\n'
+    )
+    (fake / "python3").chmod(0o755)
+    mla = tmp_path / "mla"
+    (mla / "wide-target").mkdir(parents=True)
+    (mla / "wide-target" / "config.json").write_text("{}")
+    out = tmp_path / "out"
+    env = {"PATH": f"{fake}:/usr/bin:/bin", "OUT": str(out), "HOME": str(tmp_path),
+           "SGLANG_EXT_MLA_DIR": str(mla), "SGLANG_EXT_SEED_DIR": str(tmp_path / "seed"),
+           "SGLANG_EXT_LOG_DIR": str(tmp_path / "logs"), "SEED_PROBE": "none",
+           "SEED_PAIR": "0", "SEED_MOE_CONFIG_FROM": "missing-tune-moe.json"}  # fmt: skip
+    proc = subprocess.run(["bash", str(SCRIPT), "seed-shape-bench"], env=env, cwd=ROOT,
+                          capture_output=True, text=True, check=False, timeout=60)  # fmt: skip
+    assert proc.returncode == 1
+    assert "SEED_MOE_CONFIG_FROM=missing-tune-moe.json: no config rebuilt" in proc.stderr
+    assert "no config rebuilt" in (out / "bench.log").read_text()
+    assert not [c for c in calls.read_text().splitlines() if "bench_speed" in c]
