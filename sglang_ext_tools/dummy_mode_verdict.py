@@ -21,15 +21,16 @@ does not depend on the weights, so:
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-from sglang_ext_tools.json_out import emit
-from sglang_ext_tools.server_mode_verdict import READY_MAX_S, parse_roles, up_projection
+from sglang_ext_tools.server_mode_verdict import (
+    candidate_reading,
+    cli,
+    compiled_binaries,
+    ready_within,
+    up_projection,
+)
 
 ONE_TOKEN_GRID = 128
 VERIFY_GRID = 544
@@ -84,24 +85,11 @@ def verdict(bench: Mapping[str, Any], roles: Mapping[str, str], where: str) -> d
         cheap = {r: us <= fastest * CHEAP_OF_FASTEST for r, us in read.items()}
         for role in spec:
             spec[role]["cheap"] = cheap.get(role)
-    fresh, nopdl = cheap.get("fresh"), cheap.get("nopdl")
-    if modes != "modes appear":
-        reading = f"no reading of the candidates: {modes} among the 5/1/6 servers"
-    elif fresh is None or nopdl is None:
-        reading = "not separable: fresh or nopdl was not traced"
-    elif fresh and nopdl:
-        reading = "both cheap: both readings stay open (next: swapped start order)"
-    elif fresh:
-        reading = "(a) caches set the mode"
-    elif nopdl:
-        reading = "(b) the early PDL launch sets the mode"
+    if modes == "modes appear":
+        reading = candidate_reading(cheap.get("fresh"), cheap.get("nopdl"))
     else:
-        reading = "neither: both dear"
-    binaries = {
-        tuple(json.dumps(v["up_binary"].get(k)) for k in ("registers", "shared_memory"))
-        for v in spec.values()
-        if v["up_binary"] and "registers" in v["up_binary"]
-    }
+        reading = f"no reading of the candidates: {modes} among the 5/1/6 servers"
+    binaries = set(compiled_binaries(v["up_binary"] for v in spec.values()))
     ready = [s.get("ready_after_s") for s in servers.values()]
     return {
         "gpu": bench.get("gpu"),
@@ -127,26 +115,12 @@ def verdict(bench: Mapping[str, Any], roles: Mapping[str, str], where: str) -> d
         "modes": modes,
         "reading": reading,
         "one_up_binary": len(binaries) == 1 if binaries else None,
-        "ready_within_150s": bool(ready) and all(r is not None and r <= READY_MAX_S for r in ready),
+        "ready_within_150s": ready_within(ready),
     }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--bench", required=True, help="bench_speed's JSON (with --profile)")
-    p.add_argument("--role", nargs="*", default=[], help="ROLE=SERVER (first, nopdl, fresh)")
-    p.add_argument("--out", help="write the verdict here too (never over an existing file)")
-    args = p.parse_args(argv)
-    if args.out and Path(args.out).exists():
-        p.error(f"--out {args.out}: exists; not overwriting it")
-    try:
-        roles = parse_roles(args.role)
-        bench = json.loads(Path(args.bench).read_text())
-        result = verdict(bench, roles, Path(args.bench).name)
-    except (OSError, ValueError, KeyError) as e:
-        print(f"dummy_mode_verdict: {e}", file=sys.stderr)
-        return 2
-    return emit(result, Path(args.out) if args.out else None)
+    return cli(argv, __doc__.split("\n\n")[0], "dummy_mode_verdict", verdict, cycle_fit=False)
 
 
 if __name__ == "__main__":

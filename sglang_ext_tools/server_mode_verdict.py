@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +110,34 @@ def _cheap(row: Mapping[str, Any] | None, cycle_max: float) -> bool | None:
     return row["mode"] == "cheap" and row["ms_per_cycle"] <= cycle_max
 
 
+def candidate_reading(fresh: bool | None, nopdl: bool | None) -> str:
+    """Which registered candidate holds, from whether ``fresh`` and ``nopdl`` were cheap."""
+    if fresh is None or nopdl is None:
+        return "not separable: a server was not traced or not timed"
+    if fresh and nopdl:
+        return "both cheap: both readings stay open (next: swapped start order)"
+    if fresh:
+        return "(a) caches set the mode"
+    if nopdl:
+        return "(b) the early PDL launch sets the mode"
+    return "neither: both dear"
+
+
+def compiled_binaries(up_binaries: Iterable[Mapping[str, Any] | None]) -> list[tuple[str, ...]]:
+    """Each traced up-projection's compiled binary as (registers, shared memory); occupancy is
+    how it ran, not what was compiled."""
+    return [
+        tuple(json.dumps(b.get(k)) for k in ("registers", "shared_memory"))
+        for b in (u or {} for u in up_binaries)
+        if "registers" in b
+    ]
+
+
+def ready_within(ready_s: Sequence[float | None]) -> bool:
+    """Every server, the baseline too, ready within the registered 150 s."""
+    return bool(ready_s) and all(r is not None and r <= READY_MAX_S for r in ready_s)
+
+
 def verdict(
     bench: Mapping[str, Any], fit: Mapping[str, Any], roles: Mapping[str, str], where: str
 ) -> dict[str, Any]:
@@ -122,23 +150,8 @@ def verdict(
     known = [t for t in taus if t]
     fresh = _cheap(by_role.get("fresh"), FRESH_CYCLE_MAX_MS)
     nopdl = _cheap(by_role.get("nopdl"), NOPDL_CYCLE_MAX_MS)
-    if fresh is None or nopdl is None:
-        reading = "not separable: a server was not traced or not timed"
-    elif fresh and nopdl:
-        reading = "both cheap: both readings stay open (next: swapped start order)"
-    elif fresh:
-        reading = "(a) caches set the mode"
-    elif nopdl:
-        reading = "(b) the early PDL launch sets the mode"
-    else:
-        reading = "neither: both dear"
     first = by_role.get("first")
-    # the compiled binary: registers and shared memory (occupancy is how it ran)
-    binaries = [
-        tuple(json.dumps(b.get(k)) for k in ("registers", "shared_memory"))
-        for b in (s["up_binary"] or {} for s in servers.values())
-        if "registers" in b
-    ]
+    binaries = compiled_binaries(s["up_binary"] for s in servers.values())
     return {
         "gpu": bench.get("gpu"),
         "gpu_uuid": (bench.get("gpu_info") or {}).get("uuid"),
@@ -153,7 +166,7 @@ def verdict(
             "fresh_cycle_max_ms": FRESH_CYCLE_MAX_MS,
             "nopdl_cycle_max_ms": NOPDL_CYCLE_MAX_MS,
         },
-        "ready_within_150s": bool(ready) and all(r is not None and r <= READY_MAX_S for r in ready),
+        "ready_within_150s": ready_within(ready),
         "tau_within_2pct": bool(taus)
         and all(t is not None and abs(t / TAU_REF - 1) <= TAU_TOL for t in taus),
         # the servers against each other (one set of models: a fresh build's tau is its own)
@@ -164,7 +177,7 @@ def verdict(
         # one compiled up-projection in every server (registers and shared memory alike), or
         # several; None where the traces did not record them
         "one_up_binary": len(set(binaries)) == 1 if len(binaries) == len(servers) > 0 else None,
-        "reading": reading,
+        "reading": candidate_reading(fresh, nopdl),
     }
 
 
@@ -178,10 +191,21 @@ def parse_roles(items: Sequence[str]) -> dict[str, str]:
     return roles
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def cli(
+    argv: Sequence[str] | None,
+    description: str,
+    name: str,
+    read: Callable[..., dict[str, Any]],
+    *,
+    cycle_fit: bool,
+) -> int:
+    """The command line of a mode verdict: ``--bench`` (and ``--cycle-fit`` where the reading
+    needs cycles), ``--role``, ``--out`` never written over; exit 2 naming a file it cannot
+    read. ``read(bench, [fit,] roles, where)`` makes the verdict."""
+    p = argparse.ArgumentParser(description=description)
     p.add_argument("--bench", required=True, help="bench_speed's JSON (with --profile)")
-    p.add_argument("--cycle-fit", required=True, help="cycle_fit's JSON on that bench")
+    if cycle_fit:
+        p.add_argument("--cycle-fit", required=True, help="cycle_fit's JSON on that bench")
     p.add_argument("--role", nargs="*", default=[], help="ROLE=SERVER (first, nopdl, fresh)")
     p.add_argument("--out", help="write the verdict here too (never over an existing file)")
     args = p.parse_args(argv)
@@ -190,12 +214,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         roles = parse_roles(args.role)
         bench = json.loads(Path(args.bench).read_text())
-        fit = json.loads(Path(args.cycle_fit).read_text())
-        result = verdict(bench, fit, roles, Path(args.bench).name)
+        fit = (json.loads(Path(args.cycle_fit).read_text()),) if cycle_fit else ()
+        result = read(bench, *fit, roles, Path(args.bench).name)
     except (OSError, ValueError, KeyError) as e:
-        print(f"server_mode_verdict: {e}", file=sys.stderr)
+        print(f"{name}: {e}", file=sys.stderr)
         return 2
     return emit(result, Path(args.out) if args.out else None)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return cli(argv, __doc__.split("\n\n")[0], "server_mode_verdict", verdict, cycle_fit=True)
 
 
 if __name__ == "__main__":

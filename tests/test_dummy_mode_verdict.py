@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from sglang_ext_tools import dummy_mode_verdict as dv
+from sglang_ext_tools.server_mode_verdict import parse_roles
 
 ROOT = Path(__file__).resolve().parents[1]
 TENTH = ROOT / "tests/gpu/results/seed-shape-2026-12-06-draws-nvidia-h100-sglang0.5.23-bench.json"
@@ -39,14 +40,14 @@ def bench(base_up, ups, binaries=None, ready=60.0):
 
 
 def read(b):
-    return dv.verdict(b, dict(dv.parse_roles([])), "b.json")
+    return dv.verdict(b, dict(parse_roles([])), "b.json")
 
 
 def test_tenth_run_read_with_its_twins_in_the_roles():
     """The trained tenth run, its twins as nopdl and fresh: the baseline dear at one token,
     the verify servers 1.20 apart (modes appear), cheap, dear, dear: neither."""
     b = json.loads(TENTH.read_text())
-    roles = dv.parse_roles(["nopdl=spec-5-1-6-b", "fresh=spec-5-1-6-c"])
+    roles = parse_roles(["nopdl=spec-5-1-6-b", "fresh=spec-5-1-6-c"])
     v = dv.verdict(b, roles, TENTH.name)
     assert v["baseline"] == {"server": "nospec", "up_us_per_call": 54.91, "mode": "dear"}
     assert v["verify_spread"] == pytest.approx(1.199, abs=1e-3)

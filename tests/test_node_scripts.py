@@ -38,6 +38,15 @@ def repo_paths() -> set[str]:
     return out
 
 
+def fake_python(tmp_path: Path, script: str) -> dict[str, str]:
+    """An env whose ``python3`` is ``script`` (sh), for steps checked without doing work."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "python3").write_text(f"#!/bin/sh\n{script}\n")
+    (fake / "python3").chmod(0o755)
+    return {"PATH": f"{fake}:/usr/bin:/bin", "OUT": str(tmp_path / "out"), "HOME": str(tmp_path)}
+
+
 def copied(function: str) -> list[str]:
     """What ``function`` (copy_repo, sync_latest) copies into its checkout copy."""
     body = TEXT.split(f"{function}() {{", 1)[1].split("\n}", 1)[0]
@@ -646,11 +655,7 @@ def test_dummy_prepare_writes_the_shape_asked_for_and_serves_a_reports_config(
     """DUMMY_SHAPE picks the config-only maker; DUMMY_MOE_CONFIG_FROM has tune_moe write the
     servers' config from a committed report (nothing timed) and points SGLang at it. Every
     python3 call is logged, none does work."""
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    (fake / "python3").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "calls"}\n')
-    (fake / "python3").chmod(0o755)
-    env = {"PATH": f"{fake}:/usr/bin:/bin", "OUT": str(tmp_path / "out"), "HOME": str(tmp_path)}
+    env = fake_python(tmp_path, f'echo "$@" >> {tmp_path / "calls"}')
     if shape:
         env["DUMMY_SHAPE"] = shape
     if from_report:
@@ -685,12 +690,8 @@ def test_dummy_prepare_refuses_an_unknown_shape(tmp_path):
 def test_dummy_prepare_stops_when_the_asked_config_cannot_be_rebuilt(tmp_path):
     """No silent fallback to SGLang's default MoE config: the probe compares kernels of the
     report's config, so a failed rebuild stops the pipeline before any server starts."""
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    (fake / "python3").write_text('#!/bin/sh\ncase "$*" in *tune_moe*) exit 2;; esac\n')
-    (fake / "python3").chmod(0o755)
-    env = {"PATH": f"{fake}:/usr/bin:/bin", "OUT": str(tmp_path / "out"),
-           "DUMMY_SHAPE": "rank", "DUMMY_MOE_CONFIG_FROM": "missing-tune-moe.json"}  # fmt: skip
+    env = fake_python(tmp_path, 'case "$*" in *tune_moe*) exit 2;; esac')
+    env.update(DUMMY_SHAPE="rank", DUMMY_MOE_CONFIG_FROM="missing-tune-moe.json")
     argv = ["bash", str(SCRIPT), "dummy-prepare", str(tmp_path / "d")]
     proc = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, check=False,
                           timeout=60)  # fmt: skip
@@ -702,21 +703,13 @@ def test_dummy_prepare_stops_when_the_asked_config_cannot_be_rebuilt(tmp_path):
 def test_seed_shape_bench_stops_when_the_asked_config_cannot_be_rebuilt(tmp_path):
     """SEED_MOE_CONFIG_FROM that tune_moe cannot rebuild: no server starts on SGLang's default
     config in its place; the bench log says why."""
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    calls = tmp_path / "calls"
-    (fake / "python3").write_text(
-        f'#!/bin/sh\necho "$@" >> {calls}\ncase "$*" in *tune_moe*) exit 2;; esac\n'
-    )
-    (fake / "python3").chmod(0o755)
-    mla = tmp_path / "mla"
+    calls, out, mla = tmp_path / "calls", tmp_path / "out", tmp_path / "mla"
+    env = fake_python(tmp_path, f'echo "$@" >> {calls}\ncase "$*" in *tune_moe*) exit 2;; esac')
     (mla / "wide-target").mkdir(parents=True)
     (mla / "wide-target" / "config.json").write_text("{}")
-    out = tmp_path / "out"
-    env = {"PATH": f"{fake}:/usr/bin:/bin", "OUT": str(out), "HOME": str(tmp_path),
-           "SGLANG_EXT_MLA_DIR": str(mla), "SGLANG_EXT_SEED_DIR": str(tmp_path / "seed"),
-           "SGLANG_EXT_LOG_DIR": str(tmp_path / "logs"), "SEED_PROBE": "none",
-           "SEED_PAIR": "0", "SEED_MOE_CONFIG_FROM": "missing-tune-moe.json"}  # fmt: skip
+    env.update(SGLANG_EXT_MLA_DIR=str(mla), SGLANG_EXT_SEED_DIR=str(tmp_path / "seed"),
+               SGLANG_EXT_LOG_DIR=str(tmp_path / "logs"), SEED_PROBE="none", SEED_PAIR="0",
+               SEED_MOE_CONFIG_FROM="missing-tune-moe.json")  # fmt: skip
     proc = subprocess.run(["bash", str(SCRIPT), "seed-shape-bench"], env=env, cwd=ROOT,
                           capture_output=True, text=True, check=False, timeout=60)  # fmt: skip
     assert proc.returncode == 1
