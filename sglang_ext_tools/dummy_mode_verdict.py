@@ -28,8 +28,9 @@ from sglang_ext_tools.server_mode_verdict import (
     candidate_reading,
     cli,
     compiled_binaries,
+    mode,
     ready_within,
-    up_projection,
+    traced_up,
 )
 
 ONE_TOKEN_GRID = 128
@@ -41,33 +42,18 @@ NO_MODES_MAX_SPREAD = 1.05
 CHEAP_OF_FASTEST = 1.05
 
 
-def _up(bench: Mapping[str, Any], name: str, grid: int, where: str) -> dict[str, Any] | None:
-    profile = (bench.get("profiles") or {}).get(name)
-    if not profile:
-        return None
-    return up_projection(profile, grid, f"{where}: profiles[{name}]")
-
-
-def baseline_mode(us: float | None) -> str:
-    if us is None:
-        return "unread"
-    if us <= BASE_CHEAP_MAX_US:
-        return "cheap"
-    return "dear" if us >= BASE_DEAR_MIN_US else "between"
-
-
 def verdict(bench: Mapping[str, Any], roles: Mapping[str, str], where: str) -> dict[str, Any]:
     servers = {s["name"]: s for s in bench.get("servers", [])}
     base = next((s for s in servers.values() if s.get("role") == "nospec"), None)
-    base_up = _up(bench, base["name"], ONE_TOKEN_GRID, where) if base else None
+    base_us = traced_up(bench, base["name"], ONE_TOKEN_GRID, where)[0] if base else None
     spec = {}
     for role, name in roles.items():
-        up = _up(bench, name, VERIFY_GRID, where) if name in servers else None
+        up, binary = traced_up(bench, name, VERIFY_GRID, where) if name in servers else (None, None)
         spec[role] = {
             "server": name,
             "ready_after_s": servers.get(name, {}).get("ready_after_s"),
-            "up_us_per_call": up.pop("us_per_call") if up else None,
-            "up_binary": up or None,
+            "up_us_per_call": up,
+            "up_binary": binary,
         }
     read = {r: v["up_us_per_call"] for r, v in spec.items() if v["up_us_per_call"] is not None}
     spread = round(max(read.values()) / min(read.values()), 4) if len(read) >= 2 else None
@@ -79,13 +65,11 @@ def verdict(bench: Mapping[str, Any], roles: Mapping[str, str], where: str) -> d
         modes = "no modes"
     else:
         modes = "unclear"
-    cheap = {}
     if modes == "modes appear":
         fastest = min(read.values())
         cheap = {r: us <= fastest * CHEAP_OF_FASTEST for r, us in read.items()}
         for role in spec:
             spec[role]["cheap"] = cheap.get(role)
-    if modes == "modes appear":
         reading = candidate_reading(cheap.get("fresh"), cheap.get("nopdl"))
     else:
         reading = f"no reading of the candidates: {modes} among the 5/1/6 servers"
@@ -107,8 +91,8 @@ def verdict(bench: Mapping[str, Any], roles: Mapping[str, str], where: str) -> d
         },
         "baseline": {
             "server": base["name"] if base else None,
-            "up_us_per_call": base_up.get("us_per_call") if base_up else None,
-            "mode": baseline_mode(base_up.get("us_per_call") if base_up else None),
+            "up_us_per_call": base_us,
+            "mode": mode(base_us, BASE_CHEAP_MAX_US, BASE_DEAR_MIN_US),
         },
         "servers": spec,
         "verify_spread": spread,

@@ -48,13 +48,16 @@ ROLES = ("first", "nopdl", "fresh")
 DEFAULT_ROLES = {"first": "spec-5-1-6", "nopdl": "spec-5-1-6-nopdl", "fresh": "spec-5-1-6-fresh"}
 
 
-def mode(up_us: float | None) -> str:
-    """'cheap', 'dear', 'between' (neither bound) or 'unread' (no trace)."""
+def mode(
+    up_us: float | None, cheap_max: float = CHEAP_MAX_US, dear_min: float = DEAR_MIN_US
+) -> str:
+    """'cheap', 'dear', 'between' (neither bound) or 'unread' (no trace); the bounds default to
+    the verify up-projection's at grid 544."""
     if up_us is None:
         return "unread"
-    if up_us <= CHEAP_MAX_US:
+    if up_us <= cheap_max:
         return "cheap"
-    return "dear" if up_us >= DEAR_MIN_US else "between"
+    return "dear" if up_us >= dear_min else "between"
 
 
 def up_projection(profile: Mapping[str, Any], grid: int, where: str) -> dict[str, Any] | None:
@@ -73,6 +76,18 @@ def up_projection(profile: Mapping[str, Any], grid: int, where: str) -> dict[str
     raise ValueError(f"{where}: fused_moe_kernel has no grid {grid} (found {found})")
 
 
+def traced_up(
+    bench: Mapping[str, Any], name: str, grid: int, where: str
+) -> tuple[float | None, dict[str, Any] | None]:
+    """A server's up-projection at ``grid`` from its profile in ``bench``: (us a call, its
+    binary's args or None); (None, None) where the server was not traced."""
+    profile = (bench.get("profiles") or {}).get(name)
+    kernel = up_projection(profile, grid, f"{where}: profiles[{name}]") if profile else None
+    if not kernel:
+        return None, None
+    return kernel.pop("us_per_call"), kernel or None
+
+
 def server_rows(bench: Mapping[str, Any], fit: Mapping[str, Any], where: str) -> dict[str, dict]:
     """Per speculative server: start group, ready time, tau, cycle and up-projection."""
     groups = {name: i for i, g in enumerate(bench.get("groups") or []) for name in g}
@@ -84,9 +99,7 @@ def server_rows(bench: Mapping[str, Any], fit: Mapping[str, Any], where: str) ->
             continue
         name = s["name"]
         row, cyc = rows_by.get(name, {}), cycles.get(name, {})
-        prof = (bench.get("profiles") or {}).get(name)
-        kernel = up_projection(prof, UP_GRID, f"{where}: profiles[{name}]") if prof else None
-        up = kernel.pop("us_per_call") if kernel else None
+        up, binary = traced_up(bench, name, UP_GRID, where)
         out[name] = {
             "group": groups.get(name),
             "status": s.get("status"),
@@ -97,7 +110,7 @@ def server_rows(bench: Mapping[str, Any], fit: Mapping[str, Any], where: str) ->
             "ms_per_cycle": cyc.get("ms_per_cycle"),
             "ms_per_cycle_ci95": cyc.get("ms_per_cycle_ci95"),
             "up_us_per_call": up,
-            "up_binary": kernel or None,
+            "up_binary": binary,
             "mode": mode(up),
         }
     return out
