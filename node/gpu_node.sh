@@ -209,18 +209,25 @@ dummy_prepare() {
     esac
     mkdir -p "$dir/result"
     if [ -n "${DUMMY_MOE_CONFIG_FROM:-}" ]; then
-        # a run asked for that config: without it no server starts (the default config's
-        # kernels are not the ones the probe compares with)
-        rm -rf "$dir/moe-configs" "$dir/result/tune-moe.json"
-        if ! python3 -m sglang_ext_tools.tune_moe --from-report "$DUMMY_MOE_CONFIG_FROM" \
-            --out "$dir/moe-configs" --json "$dir/result/tune-moe.json" \
-            >"$dir/result/tune-moe.log" 2>&1; then
-            echo "DUMMY_MOE_CONFIG_FROM=$DUMMY_MOE_CONFIG_FROM: no config rebuilt" \
-                "($dir/result/tune-moe.log)" >&2
-            return 1
-        fi
-        export SGLANG_MOE_CONFIG_DIR=$dir/moe-configs
+        moe_config_from_report DUMMY_MOE_CONFIG_FROM "$DUMMY_MOE_CONFIG_FROM" \
+            "$dir/moe-configs" "$dir/result" || return 1
     fi
+}
+# SGLANG_MOE_CONFIG_DIR=DIR with the fused-MoE config a committed tune report picked
+# (tune_moe --from-report; nothing timed; RESULT gets tune-moe.json and its log), or status 1
+# with a line naming VAR, the report and the log (on stderr, and in ALSO when given): a run
+# that asked for that config starts no server on SGLang's default one, whose kernels are not
+# the ones it compares with (no silent fallback)
+moe_config_from_report() {
+    local var=$1 report=$2 dir=$3 result=$4 also=${5:-/dev/null}
+    rm -rf "$dir" "$result/tune-moe.json"
+    if ! python3 -m sglang_ext_tools.tune_moe --from-report "$report" --out "$dir" \
+        --json "$result/tune-moe.json" >"$result/tune-moe.log" 2>&1; then
+        echo "$var=$report: no config rebuilt ($result/tune-moe.log); no server started" \
+            | tee -a "$also" >&2
+        return 1
+    fi
+    export SGLANG_MOE_CONFIG_DIR=$dir
 }
 # The detached pipelines run from their own copy: each device call re-syncs the checkout.
 copy_repo() {
@@ -728,17 +735,8 @@ seed-shape-bench)
     # kernels are an earlier run's exactly (the tenth run's cheap/dear figures were its
     # config's), and the ~130 s of tuning go to the bench
     if [ -n "${SEED_MOE_CONFIG_FROM:-}" ]; then
-        # asked for, that config or no run: the default config's kernels are not the ones
-        # the run compares with (no silent fallback)
-        rm -rf "$SEED/moe-configs" "$OUT/tune-moe.json"
-        if ! python3 -m sglang_ext_tools.tune_moe --from-report "$SEED_MOE_CONFIG_FROM" \
-            --out "$SEED/moe-configs" --json "$OUT/tune-moe.json" >"$OUT/tune-moe.log" 2>&1
-        then
-            echo "SEED_MOE_CONFIG_FROM=$SEED_MOE_CONFIG_FROM: no config rebuilt" \
-                "($OUT/tune-moe.log); no server started" | tee -a "$OUT/bench.log" >&2
-            exit 1
-        fi
-        export SGLANG_MOE_CONFIG_DIR=$SEED/moe-configs
+        moe_config_from_report SEED_MOE_CONFIG_FROM "$SEED_MOE_CONFIG_FROM" \
+            "$SEED/moe-configs" "$OUT" "$OUT/bench.log" || exit 1
     elif [ "${SEED_MOE_TUNE:-1}" = 1 ]; then
         rm -rf "$SEED/moe-configs"
         if python3 -m sglang_ext_tools.tune_moe --model "$MLA/wide-target" \
