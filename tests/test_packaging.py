@@ -147,6 +147,41 @@ def test_ci_runs_readme_command_one_from_a_non_editable_wheel():
     assert "pip install . && sglang-ext demo" in (ROOT / "README.md").read_text()
     ci = (ROOT / ".ci" / "run").read_text()
     assert re.search(r"pip wheel .*--no-deps.* \.$", ci, re.M), ci
-    install = re.search(r"^.*pip install .*\.whl.*$", ci, re.M)
+    install = re.search(r"^.*pip[ _]install .*\.whl.*$", ci, re.M)
     assert install and " -e " not in install.group(0)
     assert re.search(r"cd \S+ .*sglang-ext demo", ci) and "verdict: OK" in ci
+
+
+def _ci_pip_install(tmp_path: Path, failures: int) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """Run .ci/run's own pip_install function with a `python` that fails `failures` times."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    function = re.search(r"^pip_install\(\) \{\n.*?^\}\n", ci, re.M | re.S)
+    assert function, ".ci/run defines no pip_install() function"
+    calls = tmp_path / "calls"
+    fake = tmp_path / "bin" / "python"
+    fake.parent.mkdir()
+    fake.write_text(
+        "#!/bin/sh\n"
+        f'echo "$*" >> {calls}\n'
+        f'[ "$(wc -l < {calls})" -gt {failures} ]\n'
+    )
+    fake.chmod(0o755)
+    script = "set -euo pipefail\nsleep() { :; }\n" + function.group(0)
+    script += "pip_install sglang==0.5.23\n"
+    env = {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"}
+    done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True)
+    return done, calls.read_text().splitlines() if calls.exists() else []
+
+
+def test_ci_pip_install_tries_a_cut_download_again(tmp_path):
+    """A network cut (CI of 2026-12-07 lost triton mid-download) costs a retry, not the run."""
+    done, calls = _ci_pip_install(tmp_path, failures=2)
+    assert done.returncode == 0, done.stderr
+    assert len(calls) == 3 and all("install --quiet --resume-retries" in c for c in calls), calls
+    assert done.stderr.count("failed (try") == 2
+
+
+def test_ci_pip_install_gives_up_after_three_tries(tmp_path):
+    done, calls = _ci_pip_install(tmp_path, failures=5)
+    assert done.returncode != 0 and len(calls) == 3, (done.returncode, calls)
+    assert "failed (try 3 of 3)" in done.stderr
