@@ -155,8 +155,9 @@ def test_ci_runs_readme_command_one_from_a_non_editable_wheel():
 def _ci_pip_install(tmp_path: Path, failures: int) -> tuple[subprocess.CompletedProcess, list[str]]:
     """Run .ci/run's own pip_install function with a `python` that fails `failures` times."""
     ci = (ROOT / ".ci" / "run").read_text()
-    function = re.search(r"^pip_install\(\) \{\n.*?^\}\n", ci, re.M | re.S)
-    assert function, ".ci/run defines no pip_install() function"
+    retry = re.search(r"^retry\(\) \{\n.*?^\}\n", ci, re.M | re.S)
+    function = re.search(r"^pip_install\(\) \{.*\}\n", ci, re.M)
+    assert retry and function, ".ci/run defines no retry() or pip_install() function"
     calls = tmp_path / "calls"
     fake = tmp_path / "bin" / "python"
     fake.parent.mkdir()
@@ -166,7 +167,7 @@ def _ci_pip_install(tmp_path: Path, failures: int) -> tuple[subprocess.Completed
         f'[ "$(wc -l < {calls})" -gt {failures} ]\n'
     )
     fake.chmod(0o755)
-    script = "set -euo pipefail\nsleep() { :; }\n" + function.group(0)
+    script = "set -euo pipefail\nsleep() { :; }\n" + retry.group(0) + function.group(0)
     script += "pip_install sglang==0.5.23\n"
     env = {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"}
     done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True)
