@@ -27,11 +27,11 @@ from typing import Any
 from sglang_ext_tools.server_mode_verdict import (
     candidate_reading,
     cli,
-    compiled_binaries,
     mode,
     ready_within,
     traced_up,
 )
+from sglang_ext_tools.trace_breakdown import compiled_binaries
 
 ONE_TOKEN_GRID = 128
 VERIFY_GRID = 544

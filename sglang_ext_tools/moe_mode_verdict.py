@@ -28,6 +28,11 @@ cold runs: fragmentation is the dear mode if every frag run is >= 78 us at 6 tok
 >= 50 us at 1; no effect if frag over clean cold is within 0.95-1.05 at every token count;
 expected: no effect (the weights are paged the same either way), held loosely.
 
+Registered 2026-12-07 (eighteenth session), before it ran: the standalone binary. Runs that
+record the up-projection's compiled binary (registers, shared memory; ``moe_mode`` since
+then) share one binary, fresh and warm alike, with PDL on and with it off
+(``one_up_binary``, per token count; None for a group with a run that recorded none).
+
 Besides the verdicts: per token count, each group's mean up-projection and each group ratio
 (PDL over no PDL, fresh over warm; the fused call alone as well) with a 95 % bootstrap
 interval that resamples runs within each group. Several ``moe_mode`` files (e.g. a second
@@ -48,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from sglang_ext_tools.json_out import emit
+from sglang_ext_tools.trace_breakdown import compiled_binaries
 
 # the registered bounds (us a call, up-projection at MODE_TOKENS tokens, H100)
 CHEAP_MAX_US = 72.0
@@ -97,10 +103,33 @@ def _row(index: int, run: Mapping[str, Any], start: str) -> dict[str, Any]:
                 "first_call_s": t["first_call_s"],
                 "alone_us": t["alone_us"],
                 "up_us": t["kernels"]["up"]["mean_us"],
+                **up_binary(t["kernels"]["up"]),
             }
             for m, t in run["tokens"].items()
         },
     }
+
+
+def up_binary(up: Mapping[str, Any]) -> dict[str, Any]:
+    """The up-projection's compiled binary (registers, shared memory) where the run recorded
+    it (files since 2026-12-07); nothing for earlier files."""
+    if "registers" not in up:
+        return {}
+    return {"up_binary": {k: up.get(k) for k in ("registers", "shared_memory")}}
+
+
+def one_binary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Per token count, PDL on and off apart: whether every run of the group ran one compiled
+    up-projection (None where a run of the group recorded none), and the distinct binaries."""
+    out: dict[str, Any] = {}
+    for m in rows[0]["tokens"]:
+        seen = compiled_binaries(r["tokens"][m].get("up_binary") for r in rows)
+        out[m] = {"binaries": [[json.loads(x) for x in b] for b in sorted(set(seen))]}
+        for name, pdl in (("pdl", True), ("nopdl", False)):
+            group = [r["tokens"][m].get("up_binary") for r in rows if r["pdl"] == pdl]
+            found = set(compiled_binaries(group))
+            out[m][name] = len(found) == 1 if group and all(group) else None
+    return out
 
 
 def ratio_ci(
@@ -207,6 +236,10 @@ def frag_verdicts(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     }
 
 
+def traced(row: Mapping[str, Any]) -> bool:
+    return any("up_binary" in t for t in row["tokens"].values())
+
+
 def verdict(reports: Sequence[Mapping[str, Any]], files: Sequence[str]) -> dict[str, Any]:
     rows = run_rows(reports, files)
     if not rows:
@@ -240,6 +273,7 @@ def verdict(reports: Sequence[Mapping[str, Any]], files: Sequence[str]) -> dict[
             m: {f: compare(one_layer, "fresh", m, f) for f in ("up_us", "alone_us")} for m in tokens
         },
         "verdicts": verdicts(one_layer),
+        **({"one_up_binary": one_binary(rows)} if any(traced(r) for r in rows) else {}),
         **({"cold": cold_verdicts(rows)} if any(r["cold"] for r in rows) else {}),
         **({"frag": frag_verdicts(rows)} if any(r["frag"] for r in rows) else {}),
     }

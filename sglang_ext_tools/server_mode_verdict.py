@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from sglang_ext_tools.json_out import emit
 
 # the up-projection's cheap and dear bounds are the standalone probe's registration's
 from sglang_ext_tools.moe_mode_verdict import CHEAP_MAX_US, DEAR_MIN_US
-from sglang_ext_tools.trace_breakdown import BINARY_KEYS
+from sglang_ext_tools.trace_breakdown import BINARY_KEYS, compiled_binaries
 
 # the rest of the registered bounds (H100, 5/1/6, the tenth run's MoE config)
 UP_GRID = 544  # the up-projection's launch grid at 6 tokens
@@ -134,16 +134,6 @@ def candidate_reading(fresh: bool | None, nopdl: bool | None) -> str:
     if nopdl:
         return "(b) the early PDL launch sets the mode"
     return "neither: both dear"
-
-
-def compiled_binaries(up_binaries: Iterable[Mapping[str, Any] | None]) -> list[tuple[str, ...]]:
-    """Each traced up-projection's compiled binary as (registers, shared memory); occupancy is
-    how it ran, not what was compiled."""
-    return [
-        tuple(json.dumps(b.get(k)) for k in ("registers", "shared_memory"))
-        for b in (u or {} for u in up_binaries)
-        if "registers" in b
-    ]
 
 
 def ready_within(ready_s: Sequence[float | None]) -> bool:

@@ -341,6 +341,17 @@ def binary_args(kernels: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def compiled_binaries(binaries: Iterable[Mapping[str, Any] | None]) -> list[tuple[str, ...]]:
+    """Each recorded binary (``binary_args``' keys; None or without registers where the trace
+    had none: skipped) as (registers, shared memory); occupancy is how it ran, not what was
+    compiled."""
+    return [
+        tuple(json.dumps(b.get(k)) for k in ("registers", "shared_memory"))
+        for b in (u or {} for u in binaries)
+        if "registers" in b
+    ]
+
+
 def kernel_grids(
     trace: Mapping[str, Any] | Graphs, needles: Sequence[str] = GRID_KERNELS
 ) -> dict[str, dict[str, list[dict[str, Any]]]]:

@@ -173,3 +173,42 @@ def test_the_committed_cold_verdict_is_what_its_runs_give(monkeypatch):
     assert v == committed
     assert v["cold"]["no_l2_effect"] and not v["cold"]["l2_explains_one_token_gap"]
     assert v["frag"]["no_frag_effect"] and not v["frag"]["frag_is_dear"]
+
+
+def traced(r, regs=48, smem=24576):
+    """``r`` with its up-projection's binary recorded at every token count."""
+    for t in r["tokens"].values():
+        t["kernels"]["up"].update(registers=[regs], shared_memory=[smem], occupancy_pct=26.0)
+    return r
+
+
+def test_the_up_projection_binary_is_compared_within_pdl_on_and_off():
+    fresh = traced(run("fresh-pdl", "1", 72.0, first=(10.0, 2.0)))
+    same = report(fresh, traced(run("warm-pdl", "1", 72.0)))
+    b = mv.verdict([same], ["a.json"])["one_up_binary"]
+    assert b["6"] == {"binaries": [[[48], [24576]]], "pdl": True, "nopdl": None}
+    other = report(
+        traced(run("fresh-pdl", "1", 72.0, first=(10.0, 2.0))),
+        traced(run("warm-pdl", "1", 82.0), regs=64),
+        traced(run("warm-nopdl", "0", 72.0)),
+    )
+    b = mv.verdict([other], ["a.json"])["one_up_binary"]
+    assert b["6"]["pdl"] is False and b["6"]["nopdl"] is True
+    assert b["6"]["binaries"] == [[[48], [24576]], [[64], [24576]]]
+    # a run of the group that recorded no binary: the group cannot be said to share one
+    part = report(fresh, run("warm-pdl", "1", 72.0))
+    assert mv.verdict([part], ["a.json"])["one_up_binary"]["6"]["pdl"] is None
+    # files from before the binary was recorded read as they did
+    assert "one_up_binary" not in mv.verdict([four(71.5, 71.0, 70.8, 71.2)], ["a.json"])
+
+
+def test_the_committed_binary_verdict_is_what_its_runs_give(monkeypatch):
+    """The 2026-12-07 H200 probe, PDL on: one binary fresh and warm, nothing dear."""
+    monkeypatch.chdir(ROOT)
+    stem = "tests/gpu/results/seed-shape-2026-12-07-moemode-binary-nvidia-h200-sglang0.5.23"
+    files = [f"{stem}-moe-mode.json"]
+    committed = json.loads(Path(f"{stem}-verdict.json").read_text())
+    v = mv.verdict([json.loads(Path(files[0]).read_text())], files)
+    assert v == committed
+    assert v["one_up_binary"]["6"]["pdl"] and v["one_up_binary"]["1"]["pdl"]
+    assert v["verdicts"]["neither"]["within_3_percent"] and not v["verdicts"]["neither"]["any_dear"]
