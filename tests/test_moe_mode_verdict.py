@@ -163,14 +163,18 @@ def test_fragmented_runs_are_read_against_the_clean_cold_runs():
         mv.verdict([one], ["a.json"])
 
 
+def committed_verdict(stem):
+    """The committed verdict of one probe's file, recomputed from its runs and held equal."""
+    files = [f"tests/gpu/results/{stem}-moe-mode.json"]
+    v = mv.verdict([json.loads(Path(files[0]).read_text())], files)
+    assert v == json.loads(Path(f"tests/gpu/results/{stem}-verdict.json").read_text())
+    return v
+
+
 def test_the_committed_cold_verdict_is_what_its_runs_give(monkeypatch):
     """The 2026-12-07 cold/frag probe: no L2 effect, no frag effect, nothing dear."""
     monkeypatch.chdir(ROOT)
-    stem = "tests/gpu/results/seed-shape-2026-12-07-moemode-cold-nvidia-h100-sglang0.5.23"
-    files = [f"{stem}-moe-mode.json"]
-    committed = json.loads(Path(f"{stem}-verdict.json").read_text())
-    v = mv.verdict([json.loads(Path(files[0]).read_text())], files)
-    assert v == committed
+    v = committed_verdict("seed-shape-2026-12-07-moemode-cold-nvidia-h100-sglang0.5.23")
     assert v["cold"]["no_l2_effect"] and not v["cold"]["l2_explains_one_token_gap"]
     assert v["frag"]["no_frag_effect"] and not v["frag"]["frag_is_dear"]
 
@@ -205,10 +209,6 @@ def test_the_up_projection_binary_is_compared_within_pdl_on_and_off():
 def test_the_committed_binary_verdict_is_what_its_runs_give(monkeypatch):
     """The 2026-12-07 H200 probe, PDL on: one binary fresh and warm, nothing dear."""
     monkeypatch.chdir(ROOT)
-    stem = "tests/gpu/results/seed-shape-2026-12-07-moemode-binary-nvidia-h200-sglang0.5.23"
-    files = [f"{stem}-moe-mode.json"]
-    committed = json.loads(Path(f"{stem}-verdict.json").read_text())
-    v = mv.verdict([json.loads(Path(files[0]).read_text())], files)
-    assert v == committed
+    v = committed_verdict("seed-shape-2026-12-07-moemode-binary-nvidia-h200-sglang0.5.23")
     assert v["one_up_binary"]["6"]["pdl"] and v["one_up_binary"]["1"]["pdl"]
     assert v["verdicts"]["neither"]["within_3_percent"] and not v["verdicts"]["neither"]["any_dear"]
