@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from sglang_ext_tools.json_out import emit
-from sglang_ext_tools.trace_breakdown import compiled_binaries
+from sglang_ext_tools.trace_breakdown import COMPILED_KEYS, compiled_binaries
 
 # the registered bounds (us a call, up-projection at MODE_TOKENS tokens, H100)
 CHEAP_MAX_US = 72.0
@@ -115,7 +115,7 @@ def up_binary(up: Mapping[str, Any]) -> dict[str, Any]:
     it (files since 2026-12-07); nothing for earlier files."""
     if "registers" not in up:
         return {}
-    return {"up_binary": {k: up.get(k) for k in ("registers", "shared_memory")}}
+    return {"up_binary": {k: up.get(k) for k in COMPILED_KEYS}}
 
 
 def one_binary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

@@ -324,6 +324,8 @@ BINARY_ARGS: tuple[tuple[str, str], ...] = (
 OCCUPANCY_ARG = "est. achieved occupancy %"
 # the keys binary_args gives (as kernel_grids' rows carry them)
 BINARY_KEYS: tuple[str, ...] = (*(key for _, key in BINARY_ARGS), "occupancy_pct")
+# the keys that say which compiled kernel ran (occupancy and blocks per SM are how it ran)
+COMPILED_KEYS: tuple[str, ...] = ("registers", "shared_memory")
 
 
 def binary_args(kernels: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -346,7 +348,7 @@ def compiled_binaries(binaries: Iterable[Mapping[str, Any] | None]) -> list[tupl
     had none: skipped) as (registers, shared memory); occupancy is how it ran, not what was
     compiled."""
     return [
-        tuple(json.dumps(b.get(k)) for k in ("registers", "shared_memory"))
+        tuple(json.dumps(b.get(k)) for k in COMPILED_KEYS)
         for b in (u or {} for u in binaries)
         if "registers" in b
     ]
