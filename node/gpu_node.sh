@@ -181,19 +181,21 @@
 #
 # Wheel chunks come from: python node/wheelhouse.py build --profile h200-cu130-py312 --out .wh
 set -euo pipefail
-WH=/tmp/wh SITE=${SGLANG_EXT_SITE:-/tmp/site} FIX=/tmp/fixtures MLA=${SGLANG_EXT_MLA_DIR:-/tmp/mla} SUITE=/tmp/suite
+WH=${SGLANG_EXT_WH:-/tmp/wh} SITE=${SGLANG_EXT_SITE:-/tmp/site} FIX=/tmp/fixtures MLA=${SGLANG_EXT_MLA_DIR:-/tmp/mla} SUITE=/tmp/suite
 LOGS=${SGLANG_EXT_LOG_DIR:-/tmp/sglang-ext-logs} PATCHED=${SGLANG_EXT_PATCHED_DIR:-/tmp/site_patched}
 SPEED=${SGLANG_EXT_SPEED_DIR:-/tmp/speed} TRAIN_SITE=/tmp/site-train INSTALLED=/tmp/sglang-installed
 SEED=${SGLANG_EXT_SEED_DIR:-/tmp/seed}
 PACKS=${SGLANG_EXT_PACK_DIR:-/tmp}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 # nvidia-cutlass-dsl (SGLang 0.5.23's LlamaMLP DualGemm imports `cutlass` on Hopper) puts its
-# packages on sys.path with a .pth file, which a --target site on PYTHONPATH never runs.
-if [ -d "$SITE/nvidia_cutlass_dsl/dsl_packages" ]; then
-    export PYTHONPATH="$PYTHONPATH:$SITE/nvidia_cutlass_dsl/dsl_packages"
-fi
+# packages on sys.path with a .pth file, which a --target site on PYTHONPATH never runs. The
+# entry goes in whether or not the site exists yet: a detached pipeline reads this line when it
+# starts, before one-install fills the site, and on 2026-12-07 (twenty-second session) a
+# dummy-bench pipeline that checked for the folder then served every llama drafter without it
+# (ModuleNotFoundError: cutlass, at DualGemm). A folder that never comes costs nothing.
+export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}:$SITE/nvidia_cutlass_dsl/dsl_packages"
+export PYTHONUNBUFFERED=1
 
 # The dummy models in DIR and DIR/result: DUMMY_SHAPE=rank writes issue #24's rank shape
 # (fixtures.make_dummy_rank) in place of the 8B one; DUMMY_MOE_CONFIG_FROM=REPORT serves every
@@ -955,6 +957,9 @@ dummy-bench-start)
     # cost read straight off the speedup (1 / speedup at tau 1), no fixture to train. Starts
     # detached after one-install; dummy-bench-wait watches. Args: bench_speed's settings;
     # DUMMY_SERVER_ARGS: every server's flags (--load-format dummy and what else they share)
+    # install-523 takes speculators and its extras from the training subset: staged here from
+    # the .wh/s1 this call carries (no training site: nothing trains)
+    bash node/gpu_node.sh stage s1
     SGLANG_EXT_SITE=/tmp/site523 launch_detached dummy-bench-pipeline /tmp/dummyb \
         DUMMY_BENCH_ARGS "$@"
     ;;
@@ -1297,7 +1302,15 @@ install-523)
     # by RPATH next to itself (the lock's notes say which and why).
     extras=()
     for n in speculators hs_connectors datasets multiprocess pydantic_settings python_dotenv loguru; do
-        compgen -G "/tmp/wh523/$n-*.whl" >/dev/null || extras+=("$WH"/"$n"-*.whl)
+        compgen -G "/tmp/wh523/$n-*.whl" >/dev/null && continue
+        if ! compgen -G "$WH/$n-*.whl" >/dev/null; then
+            # the training subset comes with the first call's .wh/s1 (stage s1, or a
+            # start_detached pipeline's train_site); a dummy-bench lease lost 9 s here on
+            # 2026-12-07 to pip's "speculators-*.whl is not a valid wheel filename"
+            echo "install-523: no $n wheel in $WH; carry .wh/s1 and run 'stage s1' first" >&2
+            exit 2
+        fi
+        extras+=("$WH"/"$n"-*.whl)
     done
     SITE_CHECK=0 SGLANG_EXT_SITE=/tmp/site523 bash node/gpu_node.sh install-site \
         /tmp/wh523/*.whl "${extras[@]}"

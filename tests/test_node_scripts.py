@@ -716,3 +716,34 @@ def test_seed_shape_bench_stops_when_the_asked_config_cannot_be_rebuilt(tmp_path
     assert "SEED_MOE_CONFIG_FROM=missing-tune-moe.json: no config rebuilt" in proc.stderr
     assert "no config rebuilt" in (out / "bench.log").read_text()
     assert not [c for c in calls.read_text().splitlines() if "bench_speed" in c]
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_a_step_started_before_the_site_exists_still_finds_the_cute_dsl(tmp_path):
+    """A detached pipeline reads the script's PYTHONPATH when it starts, before one-install
+    fills the site; the CuTe DSL's folder (whose .pth a --target site never runs) must be on
+    it all the same, or every 0.5.23 llama drafter dies at DualGemm (2026-12-07: three
+    dummy-bench servers, ModuleNotFoundError: cutlass)."""
+    site = tmp_path / "site-not-yet"
+    env = fake_python(tmp_path, f'echo "$PYTHONPATH" > {tmp_path / "pythonpath"}')
+    env["SGLANG_EXT_SITE"] = str(site)
+    subprocess.run(["bash", str(SCRIPT), "pyrun", "python3"], env=env, cwd=ROOT,
+                   capture_output=True, check=True, timeout=60)  # fmt: skip
+    entries = (tmp_path / "pythonpath").read_text().strip().split(":")
+    assert not site.exists()
+    assert entries[0] == str(site)
+    assert str(site / "nvidia_cutlass_dsl" / "dsl_packages") in entries
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_install_523_names_the_training_wheel_it_lacks_before_pip_runs(tmp_path):
+    """0.5.23's site takes speculators from the training subset (.wh/s1, staged into $WH); a
+    lease that never staged it gets the missing wheel and the step that brings it, and pip is
+    not called on a glob that matched nothing."""
+    env = fake_python(tmp_path, f'echo "$@" >> {tmp_path / "calls"}')
+    env["SGLANG_EXT_WH"] = str(tmp_path / "wh-empty")
+    proc = subprocess.run(["bash", str(SCRIPT), "install-523"], env=env, cwd=ROOT,
+                          capture_output=True, text=True, check=False, timeout=60)  # fmt: skip
+    assert proc.returncode == 2
+    assert "no speculators wheel" in proc.stderr and "stage s1" in proc.stderr
+    assert not (tmp_path / "calls").exists()
