@@ -15,6 +15,10 @@ does not depend on the weights, so:
   read as the server run's candidates (a) and (b);
 - every server ready within 150 s.
 
+The baseline's one-token binary (registers, shared memory) is recorded beside its time, for a
+standalone ``moe_mode`` run of the same lease to compare with (added after the twenty-second
+session's run, whose 5/1/6 servers did not start).
+
     python -m sglang_ext_tools.dummy_mode_verdict --bench speed.json --out verdict.json \
         [--role first=spec-5-1-6 nopdl=spec-5-1-6-nopdl fresh=spec-5-1-6-fresh]
 """
@@ -45,7 +49,9 @@ CHEAP_OF_FASTEST = 1.05
 def verdict(bench: Mapping[str, Any], roles: Mapping[str, str], where: str) -> dict[str, Any]:
     servers = {s["name"]: s for s in bench.get("servers", [])}
     base = next((s for s in servers.values() if s.get("role") == "nospec"), None)
-    base_us = traced_up(bench, base["name"], ONE_TOKEN_GRID, where)[0] if base else None
+    base_us, base_binary = (
+        traced_up(bench, base["name"], ONE_TOKEN_GRID, where) if base else (None, None)
+    )
     spec = {}
     for role, name in roles.items():
         up, binary = traced_up(bench, name, VERIFY_GRID, where) if name in servers else (None, None)
@@ -93,6 +99,7 @@ def verdict(bench: Mapping[str, Any], roles: Mapping[str, str], where: str) -> d
             "server": base["name"] if base else None,
             "up_us_per_call": base_us,
             "mode": mode(base_us, BASE_CHEAP_MAX_US, BASE_DEAR_MIN_US),
+            "up_binary": base_binary,
         },
         "servers": spec,
         "verify_spread": spread,

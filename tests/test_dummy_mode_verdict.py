@@ -49,7 +49,9 @@ def test_tenth_run_read_with_its_twins_in_the_roles():
     b = json.loads(TENTH.read_text())
     roles = parse_roles(["nopdl=spec-5-1-6-b", "fresh=spec-5-1-6-c"])
     v = dv.verdict(b, roles, TENTH.name)
-    assert v["baseline"] == {"server": "nospec", "up_us_per_call": 54.91, "mode": "dear"}
+    assert v["baseline"] == {
+        "server": "nospec", "up_us_per_call": 54.91, "mode": "dear", "up_binary": None,
+    }  # fmt: skip
     assert v["verify_spread"] == pytest.approx(1.199, abs=1e-3)
     assert v["modes"] == "modes appear"
     assert [v["servers"][r]["cheap"] for r in ("first", "nopdl", "fresh")] == [True, False, False]
@@ -115,3 +117,33 @@ def test_never_writes_over_out(tmp_path, capsys):
         dv.main(["--bench", str(path), "--out", str(out)])
     assert out.read_text() == "keep"
     assert "not overwriting" in capsys.readouterr().err
+
+
+DUMMY = ROOT / "tests/gpu/results/seed-shape-2026-12-07-dummy-nvidia-h100-sglang0.5.23"
+STANDALONE = ROOT / "tests/gpu/results/seed-shape-2026-12-07-moemode-h100-nvidia-h100-sglang0.5.23"
+
+
+def test_the_committed_dummy_verdict_is_what_its_bench_gives():
+    """The twenty-second session's run: the baseline traced, its three 5/1/6 servers dead at
+    startup (the CuTe DSL off PYTHONPATH), so nothing among them is read."""
+    bench_json = json.loads(Path(f"{DUMMY}-speed.json").read_text())
+    v = dv.verdict(bench_json, dict(parse_roles([])), f"{DUMMY.name}-speed.json")
+    assert v == json.loads(Path(f"{DUMMY}-verdict.json").read_text())
+    assert v["baseline"]["mode"] == "dear" and v["modes"] == "unread"
+    assert v["ready_within_150s"] is False
+    assert all(s["ready_after_s"] is None for s in v["servers"].values())
+
+
+def test_the_dear_one_token_server_runs_the_standalone_binary():
+    """Same lease, same card: the dummy-weight baseline's one-token up-projection (grid 128)
+    compiled to the binary the standalone probe's four processes ran there, and took more than
+    twice as long a call. The dear mode at one token is how that binary runs in a server, not
+    another kernel."""
+    server = json.loads(Path(f"{DUMMY}-verdict.json").read_text())
+    alone = json.loads(Path(f"{STANDALONE}-verdict.json").read_text())
+    moe = json.loads(Path(f"{STANDALONE}-moe-mode.json").read_text())
+    assert server["gpu_uuid"] == moe["gpu"]["uuid"]
+    base = server["baseline"]["up_binary"]
+    assert [[base["registers"], base["shared_memory"]]] == alone["one_up_binary"]["1"]["binaries"]
+    one_token = [r["tokens"]["1"]["up_us"] for r in alone["runs"]]
+    assert server["baseline"]["up_us_per_call"] > 2 * max(one_token)

@@ -212,3 +212,14 @@ def test_the_committed_binary_verdict_is_what_its_runs_give(monkeypatch):
     v = committed_verdict("seed-shape-2026-12-07-moemode-binary-nvidia-h200-sglang0.5.23")
     assert v["one_up_binary"]["6"]["pdl"] and v["one_up_binary"]["1"]["pdl"]
     assert v["verdicts"]["neither"]["within_3_percent"] and not v["verdicts"]["neither"]["any_dear"]
+
+
+def test_the_committed_h100_four_process_verdict_is_what_its_runs_give(monkeypatch):
+    """The 2026-12-07 (twenty-second session) H100 probe, fresh and warm with PDL on and off:
+    one binary at each token count in all four, within 3 % at six tokens, nothing dear."""
+    monkeypatch.chdir(ROOT)
+    v = committed_verdict("seed-shape-2026-12-07-moemode-h100-nvidia-h100-sglang0.5.23")
+    for tokens in ("1", "6"):
+        assert v["one_up_binary"][tokens]["pdl"] and v["one_up_binary"][tokens]["nopdl"]
+        assert len(v["one_up_binary"][tokens]["binaries"]) == 1
+    assert v["verdicts"]["neither"]["within_3_percent"] and not v["verdicts"]["neither"]["any_dear"]
