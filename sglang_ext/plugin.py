@@ -19,7 +19,9 @@ models, the detokenizer). It registers:
 - opt-in (``SGLANG_EXT_SPLITKV_VERIFY=1``): SGLang's split-KV verify attention on CUDA
   (``sglang_ext.serving.verify_splitkv``);
 - opt-out, for diagnosis (``SGLANG_EXT_MOE_PDL=0``): SGLang's Triton fused MoE without
-  programmatic dependent launch (``sglang_ext.serving.moe_pdl``).
+  programmatic dependent launch (``sglang_ext.serving.moe_pdl``);
+- opt-in (``SGLANG_EXT_MOE_SHARED_STREAM=0``): SGLang's DeepSeek MoE layers run their shared
+  expert on the main stream instead of a second one (``sglang_ext.serving.moe_shared_stream``).
 
 ``load_plugins`` logs and swallows exceptions from plugins, which would silently leave SGLang
 on its in-tree classes. A failure here therefore raises ``SystemExit`` (not an ``Exception``),
@@ -69,7 +71,7 @@ def _register() -> list[str]:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     from sglang_ext.metrics import hook as metrics
-    from sglang_ext.serving import moe_pdl, tokenizer_workers, verify_splitkv
+    from sglang_ext.serving import moe_pdl, moe_shared_stream, tokenizer_workers, verify_splitkv
 
     ModelRegistry.register(MODELS_PACKAGE, overwrite=True, strict=True)
     targets = [config_hook_target(), CAPTURE_TARGET, CONTEXT_TARGET]
@@ -83,6 +85,7 @@ def _register() -> list[str]:
     targets.extend(tokenizer_workers.install())
     targets.extend(verify_splitkv.install())
     targets.extend(moe_pdl.install())
+    targets.extend(moe_shared_stream.install())
     return targets
 
 

@@ -1,0 +1,119 @@
+"""The switch that runs SGLang's DeepSeek MoE shared expert on the main stream
+(sglang_ext.serving.moe_shared_stream, ``SGLANG_EXT_MOE_SHARED_STREAM=0``)."""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+
+import pytest
+
+from sglang_ext.serving import moe_shared_stream as mss
+
+torch = pytest.importorskip("torch")
+sglang = pytest.importorskip("sglang")
+
+
+STREAM = object()  # stands in for a torch.cuda.Stream
+
+
+class DualStreamMoE(torch.nn.Module):
+    """What the switch looks for: a layer that can fork its shared expert."""
+
+    def __init__(self, stream=STREAM):
+        super().__init__()
+        self.alt_stream = stream
+        self.shared_experts = torch.nn.Linear(2, 2)
+
+    def forward_normal_dual_stream(self):
+        raise AssertionError("not called here")
+
+
+class Target(torch.nn.Module):
+    def __init__(self, layers):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(layers)
+
+
+class Runner:
+    def __init__(self, model, draft=False):
+        self.model, self.is_draft_worker = model, draft
+
+
+def test_off_by_default_leaves_sglang_alone(monkeypatch):
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    monkeypatch.delenv(mss.ENV_VAR, raising=False)
+    assert mss.install() == []
+    monkeypatch.setenv(mss.ENV_VAR, "1")
+    assert mss.install() == []
+    hooks = [h for _, h, _ in HookRegistry._hooks.get(mss.TARGET, [])]
+    assert mss.after_load_model not in hooks
+
+
+def test_a_value_other_than_0_or_1_is_refused_by_name(monkeypatch):
+    monkeypatch.setenv(mss.ENV_VAR, "serial")
+    with pytest.raises(ValueError, match=r"SGLANG_EXT_MOE_SHARED_STREAM: expected 0 .* 'serial'"):
+        mss.install()
+
+
+def test_every_dual_stream_layer_of_the_target_loses_its_second_stream():
+    stream = object()
+    without_shared = DualStreamMoE(stream)
+    without_shared.shared_experts = None  # nothing to fork: left alone
+    model = Target([DualStreamMoE(stream), DualStreamMoE(stream), without_shared])
+    mss.after_load_model(None, Runner(model))
+    assert [m.alt_stream for m in model.layers] == [None, None, stream]
+
+
+def test_the_drafter_runner_is_left_alone():
+    model = Target([DualStreamMoE()])
+    mss.after_load_model(None, Runner(model, draft=True))
+    assert model.layers[0].alt_stream is not None
+
+
+def test_a_target_without_such_a_layer_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"SGLANG_EXT_MOE_SHARED_STREAM=0: the target model "
+                                         r"\(Target\) has no MoE layer"):  # fmt: skip
+        mss.after_load_model(None, Runner(Target([torch.nn.Linear(2, 2)])))
+
+
+def test_sglang_reads_the_stream_at_call_time():
+    """The switch works only while SGLang's MoE layer picks its dual-stream path from
+    ``self.alt_stream`` when it runs and its serial path runs the shared expert; an upstream
+    move fails here, not on the GPU."""
+    from sglang.srt.models.deepseek_v2 import DeepseekV2MoE
+
+    assert "self.alt_stream is not None" in inspect.getsource(DeepseekV2MoE.forward)
+    assert "self.forward_normal_dual_stream(" in inspect.getsource(DeepseekV2MoE.forward)
+    assert "_forward_shared_experts(" in inspect.getsource(DeepseekV2MoE.forward_normal)
+
+
+def test_the_plugin_applies_it_in_a_fresh_process():
+    """What a server process does: the plugin's registration with the switch in its env,
+    SGLang's hooks applied, then the target's load, stood in for by a ModelRunner whose own
+    load_model builds a model with one dual-stream layer."""
+    code = (
+        "import os; os.environ['SGLANG_EXT_MOE_SHARED_STREAM'] = '0'\n"
+        "import torch\n"
+        "from sglang.srt.model_executor import model_runner as mr\n"
+        "class L(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__(); self.alt_stream = 's'\n"
+        "        self.shared_experts = torch.nn.Linear(1, 1)\n"
+        "    def forward_normal_dual_stream(self): pass\n"
+        "def load(self):\n"
+        "    self.model = torch.nn.Sequential(L())\n"
+        "mr.ModelRunner.load_model = load\n"
+        "from sglang.srt.plugins.hook_registry import HookRegistry\n"
+        "from sglang_ext import plugin\n"
+        "targets = plugin._register()\n"
+        "HookRegistry.apply_hooks()\n"
+        "r = object.__new__(mr.ModelRunner); r.is_draft_worker = False\n"
+        "mr.ModelRunner.load_model(r)\n"
+        "print(r.model[0].alt_stream, targets[-1].endswith('ModelRunner.load_model'))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-2:] == ["None", "True"]
