@@ -121,7 +121,11 @@
 #   bash node/gpu_node.sh dummy-prepare DIR    what dummy-bench-pipeline writes first (the
 #                                              dummy models; the MoE config it serves)
 #   bash node/gpu_node.sh dummy-bench-wait [SECS]
-#                                              watch; speed.json, bench log, server logs -> $OUT
+#                                              watch; speed.json, bench log, server logs and
+#                                              the slimmed profiles -> $OUT
+#   bash node/gpu_node.sh slim-profiles LOGS TGZ
+#                                              each LOGS/profiles/SERVER trace, kernel events
+#                                              only (moe_overlap --slim-only), tarred into TGZ
 #
 # The whole GPU suite with the seed case, chunks from the training-first split:
 #   bash node/gpu_node.sh suite-start [pytest args]
@@ -352,6 +356,20 @@ train_site() {
         .wh/s1/*.whl
 }
 
+# Each profile trace under LOGS/profiles/SERVER/ as SERVER.trace.json.gz, kernel events only
+# (moe_overlap --slim-only), tarred into TGZ (dummy-bench-pipeline)
+slim_profiles() {
+    local logs=$1 tgz=$2 slimmed trace server
+    slimmed="$(dirname "$tgz")/slim"
+    mkdir -p "$slimmed"
+    for trace in "$logs"/profiles/*/*.trace.json.gz; do
+        [ -f "$trace" ] || continue
+        server=$(basename "$(dirname "$trace")")
+        python3 -m sglang_ext_tools.moe_overlap --trace "$trace" --slim-only \
+            --slim "$slimmed/$server.trace.json.gz" || true
+    done
+    tar -czf "$tgz" -C "$slimmed" . 2>/dev/null || true
+}
 # make_speed_fixtures on the training site, into $SPEED (speed-pipeline, speed-unpack)
 speed_fixtures() {
     PYTHONPATH="$TRAIN_SITE" python3 -m sglang_ext_tools.fixtures.make_speed_fixtures \
@@ -976,8 +994,16 @@ dummy-bench-pipeline)
         --log-dir /tmp/dummyb/logs --out-json /tmp/dummyb/result/speed.json \
         ${BENCH_PIN_CPUS:+--pin-cpus "$BENCH_PIN_CPUS"} ${DUMMY_BENCH_ARGS:-} \
         2>&1 | tee -i /tmp/dummyb/result/bench.log || true
-    tar -czf /tmp/dummyb/result/server-logs.tgz -C /tmp/dummyb/logs . 2>/dev/null || true
+    # every profile as its kernel events only (moe_overlap --slim-only): three rank-shape
+    # traces whole would pass the 16 MiB a returned file may hold; the logs without them
+    slim_profiles /tmp/dummyb/logs /tmp/dummyb/result/slim-traces.tgz
+    tar -czf /tmp/dummyb/result/server-logs.tgz -C /tmp/dummyb/logs --exclude=./profiles . \
+        2>/dev/null || true
     touch /tmp/dummyb/DONE
+    ;;
+slim-profiles)
+    # slim_profiles by hand: LOGS (a bench's --log-dir) and the TGZ to write
+    slim_profiles "${1:?usage: gpu_node.sh slim-profiles LOGS TGZ}" "${2:?usage: gpu_node.sh slim-profiles LOGS TGZ}"
     ;;
 dummy-prepare)
     # dummy_prepare on its own (DIR), then the MoE config dir the servers would get
@@ -988,8 +1014,8 @@ dummy-bench-wait)
     wait_for /tmp/dummyb "${1:-540}"
     tail -n 25 /tmp/dummyb/result/bench.log 2>/dev/null
     cp /tmp/dummyb/result/speed.json /tmp/dummyb/result/bench.log \
-        /tmp/dummyb/result/server-logs.tgz /tmp/dummyb/pipeline.log \
-        /tmp/dummyb/result/tune-moe.json "$OUT"/ 2>/dev/null || true
+        /tmp/dummyb/result/server-logs.tgz /tmp/dummyb/result/slim-traces.tgz \
+        /tmp/dummyb/pipeline.log /tmp/dummyb/result/tune-moe.json "$OUT"/ 2>/dev/null || true
     nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
     [ -f /tmp/dummyb/DONE ]
     ;;

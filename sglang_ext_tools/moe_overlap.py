@@ -17,7 +17,9 @@ the dear mode is the resident side if its median is far above the clear side's.
         [--kernel fused_moe_kernel] [--out overlap.json] [--slim slim.trace.json.gz]
 
 ``--slim`` writes the trace's kernel events only, with the arguments read here (stream, grid,
-registers, shared memory): small enough to commit beside the result and read again.
+registers, shared memory): small enough to commit beside the result and read again;
+``--slim-only`` writes just that (``gpu_node.sh``'s dummy bench slims every server's profile,
+so that the traces come back from the node under its 16 MiB a file).
 """
 
 from __future__ import annotations
@@ -137,21 +139,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--grid", type=int, default=128, help="the launch grid's x (y = z = 1)")
     p.add_argument("--out", type=Path, help="also write the result here (never overwritten)")
     p.add_argument("--slim", type=Path, help="write the kernel-only trace here (never overwritten)")
+    p.add_argument(
+        "--slim-only",
+        action="store_true",
+        help="write --slim and read nothing (a trace with no instance at the grid is fine)",
+    )
     args = p.parse_args(argv)
+    if args.slim_only and not args.slim:
+        p.error("--slim-only needs --slim")
     for path in (args.out, args.slim):
         if path and path.exists():
             p.error(f"{path}: exists; not overwriting it")
     if not args.trace.is_file():
         p.error(f"--trace {args.trace}: no such file")
     trace = load_trace(args.trace)
+    if args.slim_only:
+        write_slim(trace, args.slim)
+        return 0
     try:
         result = {"trace": args.trace.name} | overlap(trace, args.kernel, args.grid)
     except ValueError as exc:
         p.exit(2, f"moe_overlap: {args.trace}: {exc}\n")
     if args.slim:
-        with gzip.open(args.slim, "wt") as fh:
-            json.dump(slim(trace), fh, separators=(",", ":"))
+        write_slim(trace, args.slim)
     return emit(result, args.out)
+
+
+def write_slim(trace: Mapping[str, Any], path: Path) -> None:
+    with gzip.open(path, "wt") as fh:
+        json.dump(slim(trace), fh, separators=(",", ":"))
 
 
 if __name__ == "__main__":

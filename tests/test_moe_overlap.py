@@ -96,3 +96,15 @@ def test_the_committed_h100_server_trace_reads_as_committed():
     down = json.loads(Path(f"{DUMMY}-overlap-down.json").read_text())
     assert down["clear"]["n"] > 0.95 * down["instances"]
     assert down["resident_over_clear"] == pytest.approx(1.0, abs=0.05)
+
+
+def test_slim_only_writes_a_trace_without_the_grid(tmp_path, capsys):
+    """A speculative server's trace has no one-token launch; the node slims it all the same."""
+    path, slim = tmp_path / "t.json", tmp_path / "s.json.gz"
+    path.write_text(json.dumps(trace()))
+    assert mo.main(["--trace", str(path), "--grid", "544", "--slim", str(slim), "--slim-only"]) == 0
+    with gzip.open(slim, "rt") as fh:
+        assert len(json.load(fh)["traceEvents"]) == 7  # the host event left out
+    assert capsys.readouterr().out == ""
+    with pytest.raises(SystemExit):
+        mo.main(["--trace", str(path), "--slim-only"])

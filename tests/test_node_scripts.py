@@ -747,3 +747,35 @@ def test_install_523_names_the_training_wheel_it_lacks_before_pip_runs(tmp_path)
     assert proc.returncode == 2
     assert "no speculators wheel" in proc.stderr and "stage s1" in proc.stderr
     assert not (tmp_path / "calls").exists()
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_slim_profiles_tars_every_servers_trace_as_kernels_only(tmp_path):
+    """The dummy bench's profiles come back slimmed (three whole rank-shape traces would pass
+    the 16 MiB a returned file may hold): one SERVER.trace.json.gz per server, host events
+    dropped, a server whose trace has no one-token launch included."""
+    import gzip
+    import json
+    import os
+    import tarfile
+
+    logs = tmp_path / "logs"
+    kernel = {"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 2,
+              "args": {"stream": 7, "grid": [544, 1, 1], "correlation": 9}}  # fmt: skip
+    host = {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 5}
+    for server in ("nospec", "spec-5-1-6-serial"):
+        (logs / "profiles" / server).mkdir(parents=True)
+        with gzip.open(logs / "profiles" / server / f"{server}-1-TP-0.trace.json.gz", "wt") as fh:
+            json.dump({"traceEvents": [host, kernel]}, fh)
+    tgz = tmp_path / "result" / "slim-traces.tgz"
+    tgz.parent.mkdir()
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "OUT": str(tmp_path / "out"),
+           "HOME": str(tmp_path), "PYTHONPATH": os.environ.get("PYTHONPATH", "")}  # fmt: skip
+    subprocess.run(["bash", str(SCRIPT), "slim-profiles", str(logs), str(tgz)], env=env,
+                   cwd=ROOT, check=True, capture_output=True, timeout=120)  # fmt: skip
+    with tarfile.open(tgz) as tar:
+        names = sorted(n for n in tar.getnames() if n.endswith(".gz"))
+        assert names == ["./nospec.trace.json.gz", "./spec-5-1-6-serial.trace.json.gz"]
+        with gzip.open(tar.extractfile(names[0]), "rt") as fh:
+            events = json.load(fh)["traceEvents"]
+    assert events == [{**kernel, "args": {"stream": 7, "grid": [544, 1, 1]}}]
