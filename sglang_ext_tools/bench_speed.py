@@ -72,6 +72,9 @@ MAIN = "speculators (plugin)"
 NBR_PLUGIN = "nbr_false (plugin)"
 NBR_STOCK = "nbr_false converted (stock SGLang)"
 NOISE = "no speculation, measured again (noise of the ratios)"
+# a variant of the baseline (LABEL@nospec): no drafter, the plugin loaded with its switch
+NOSPEC_VARIANT = "no speculation"
+NOSPEC_AT = "nospec"
 NBR_STOCK_TWIN = "nbr_false converted (stock SGLang), second server"
 NBR_PLUGIN_B = "nbr_false (plugin), second pair"
 NBR_STOCK_B = "nbr_false converted (stock SGLang), second pair"
@@ -137,8 +140,10 @@ def parse_variant(text: str) -> tuple[str, ...]:
     or, where KEY starts with ``--``, with the server argument ``KEY VALUE`` (e.g.
     ``fp8draft:--speculative-draft-model-quantization=fp8``); several joined by ``+``
     (``host:A=1+B=1+--flag=x``) go to one server together. It runs at the compare setting,
-    or at the one a ``LABEL@STEPS,TOPK,DRAFT`` names (``variant_setting``). Returns the label
-    followed by each assignment's key and value."""
+    or at the one a ``LABEL@STEPS,TOPK,DRAFT`` names (``variant_setting``); ``LABEL@nospec``
+    serves no drafter, the plugin loaded with the switch, against the baseline (its row's
+    speedup is the switch's effect without speculation). Returns the label followed by each
+    assignment's key and value."""
     label, sep, assignments = text.partition(":")
     name = label.partition("@")[0]
     out: list[str] = [label]
@@ -164,9 +169,17 @@ def parse_variant(text: str) -> tuple[str, ...]:
 
 
 def variant_setting(label: str, default: Setting | None) -> tuple[str, Setting | None]:
-    """(name, setting) of a variant label: ``fp8@7,1,8`` -> ("fp8", (7, 1, 8))."""
+    """(name, setting) of a variant label: ``fp8@7,1,8`` -> ("fp8", (7, 1, 8)); ``serial@nospec``
+    -> ("serial", None), a baseline variant (``nospec_variant``)."""
     name, at, setting = label.partition("@")
+    if at and setting == NOSPEC_AT:
+        return name, None
     return name, (parse_setting(setting) if at else default)
+
+
+def nospec_variant(label: str) -> bool:
+    """Whether a variant label names a variant of the baseline (``LABEL@nospec``)."""
+    return label.partition(":")[0].partition("@")[2] == NOSPEC_AT
 
 
 def variant_parts(*assignments: str) -> dict[str, Any]:
@@ -226,6 +239,10 @@ def server_specs(
     default = compare if compare is not None else settings[0]
     for text, *assignments in variants:
         label, at = variant_setting(text, default)
+        if nospec_variant(text):
+            parts = variant_parts(*assignments)
+            specs.append(spec(f"nospec-{label}", "nospec_variant", None, label=label, **parts))
+            continue
         specs.append(
             spec(
                 f"spec-{'-'.join(map(str, at))}-{label}",
@@ -736,7 +753,9 @@ def build_rows(
         plain = main_at.get(tuple(spec["setting"])) if spec["role"] == "variant" else None
         pvs_pair = (
             (nbr["nbr_plugin"]["name"], nbr["nbr_stock"]["name"])
-            if len(nbr) == 2 and tuple(spec["setting"]) == tuple(nbr["nbr_plugin"]["setting"])
+            if len(nbr) == 2
+            and spec["setting"] is not None
+            and tuple(spec["setting"]) == tuple(nbr["nbr_plugin"]["setting"])
             else None
         )
         for b in batches:
@@ -791,7 +810,9 @@ def build_rows(
                     "steps": steps,
                     "topk": topk,
                     "draft_tokens": draft,
-                    "drafter": drafter_of.get(spec["role"]) or f"{MAIN} [{spec.get('label')}]",
+                    "drafter": drafter_of.get(spec["role"])
+                    or f"{NOSPEC_VARIANT if spec['role'] == 'nospec_variant' else MAIN}"
+                    f" [{spec.get('label')}]",
                     "server": spec["name"],
                     "overlap": NO_OVERLAP not in [*server_args, *(spec.get("extra") or [])],
                     "draft_vocab": spec.get("draft_vocab"),
@@ -1447,7 +1468,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="one more plugin server (main drafter, compare setting) with an env "
         "var, e.g. splitkv:SGLANG_EXT_SPLITKV_VERIFY=1, or a server argument, e.g. "
         "fp8draft:--speculative-draft-model-quantization=fp8; LABEL@7,1,8:... runs it at "
-        "that setting instead; repeatable",
+        "that setting instead, LABEL@nospec:... without a drafter against the baseline; "
+        "repeatable",
     )
     p.add_argument(
         "--no-overlap-at",
@@ -1717,6 +1739,8 @@ def specs_of(result: Mapping[str, Any]) -> list[dict[str, Any]]:
             spec["extra"] = [NO_OVERLAP]
         if server["role"] == "variant":
             spec["label"] = server["name"].rsplit("-", 1)[-1]
+        elif server["role"] == "nospec_variant":
+            spec["label"] = server["name"].split("-", 1)[1]
         specs.append(spec)
     return specs
 

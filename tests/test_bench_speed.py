@@ -1389,3 +1389,45 @@ def test_the_fastest_served_configuration_is_read_beside_the_best_main_row():
     assert goals["plugin_vs_stock"] == data["goals"]["plugin_vs_stock"]
     plain = [r for r in data["rows"] if "[" not in r["drafter"]]
     assert bs.served_best(plain, None) == {}
+
+
+def test_a_nospec_variant_serves_no_drafter_with_its_switch_against_the_baseline(prompts_file,
+                                                                                capsys):
+    """``LABEL@nospec``: the baseline again with the plugin loaded and the switch set (what
+    the switch does without speculation, paired by prompt against ``nospec``); its row is
+    neither a speculative candidate for best nor a cycle."""
+    parsed = bs.parse_variant("serial@nospec:SGLANG_EXT_MOE_SHARED_STREAM=0")
+    assert bs.variant_setting(parsed[0], (5, 1, 6)) == ("serial", None)
+    specs = bs.server_specs([(5, 1, 6)], None, [parsed])
+    variant = specs[-1]
+    assert variant["name"] == "nospec-serial" and variant["role"] == "nospec_variant"
+    assert variant["setting"] is None and variant["stock"] is False
+    args = bs.parse_args(["--target", "t", "--drafter", "d", "--prompts", "p",
+                          "--variant", "serial@nospec:SGLANG_EXT_MOE_SHARED_STREAM=0"])
+    server = bs.make_servers(specs, args)[-1]
+    assert server.draft is None and server.env == {"SGLANG_EXT_MOE_SHARED_STREAM": "0"}
+    assert "--speculative-algorithm" not in server.command()
+    # in pairs beside the baseline, as any server
+    groups = [["nospec", "spec-5-1-6"], ["nospec", "nospec-serial"]]
+    assert bs.plan_groups(specs, at_once=2) == groups
+    times = [[1.0, 1.0, 1.0, 1.0]]
+    agg = {("nospec", 1): {"tok_s": 100.0, "tok_s_rounds": {0: 100.0}, "latency_rounds": times,
+                           "tau": None},
+           ("nospec-serial", 1): {"tok_s": 112.0, "tok_s_rounds": {0: 112.0},
+                                  "latency_rounds": [[0.9, 0.88, 0.9, 0.89]], "tau": None},
+           ("spec-5-1-6", 1): {"tok_s": 150.0, "tok_s_rounds": {0: 150.0},
+                               "latency_rounds": [[0.7, 0.6, 0.7, 0.65]], "tau": 2.0}}  # fmt: skip
+    rows = bs.build_rows(agg, specs, [1])
+    [row] = [r for r in rows if r["server"] == "nospec-serial"]
+    assert row["drafter"] == "no speculation [serial]" and row["steps"] is None
+    assert row["speedup"] == pytest.approx(4.0 / 3.57, abs=1e-3) and row["eta"] is None
+    low, high = row["speedup_ci95"]
+    assert low <= row["speedup"] <= high
+    best, _ = bs.best_and_goals(rows, None, variants=True)
+    assert best["server"] == "spec-5-1-6"
+    # a result without stored specs rebuilds the variant from its server record
+    rebuilt = bs.specs_of({"servers": [{"name": "nospec-serial", "role": "nospec_variant"}]})
+    assert rebuilt[0]["label"] == "serial" and rebuilt[0]["setting"] is None
+    assert bs.main(_argv(prompts_file, "--variant", "serial@nospec:A=1", "--dry-run")) == 0
+    dry = json.loads(capsys.readouterr().out)
+    assert {"nospec", "nospec-serial"} <= {s["name"] for s in dry["servers"]}
