@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import subprocess
-import sys
 
 import pytest
 
 from sglang_ext.serving import moe_pdl
+from tests.plugin_process import run_with_plugin
 
 sglang = pytest.importorskip("sglang")
 
@@ -71,19 +70,12 @@ def test_the_plugin_applies_it_in_a_fresh_process():
     """What a server process does: the plugin's registration with the switch in its env,
     SGLang's hooks applied, then the model's load, stood in for by a ModelRunner whose own
     load_model is a no-op."""
-    code = (
-        "import importlib, os; os.environ['SGLANG_EXT_MOE_PDL'] = '0'\n"
-        "from sglang.srt.model_executor import model_runner as mr\n"
-        "mr.ModelRunner.load_model = lambda self: None\n"
-        "from sglang.srt.plugins.hook_registry import HookRegistry\n"
-        "from sglang_ext import plugin\n"
-        "targets = plugin._register()\n"
-        f"m = importlib.import_module({moe_pdl.MODULE!r})\n"
+    words = run_with_plugin(
+        {"SGLANG_EXT_MOE_PDL": "0"},
+        "import importlib\nmr.ModelRunner.load_model = lambda self: None\n"
+        f"m = importlib.import_module({moe_pdl.MODULE!r})",
         "before = m.is_arch_support_pdl is not None and m.is_arch_support_pdl.__name__\n"
-        "HookRegistry.apply_hooks()\n"
         "mr.ModelRunner.load_model(object.__new__(mr.ModelRunner))\n"
-        "print(before, m.is_arch_support_pdl(), targets[-1].endswith('ModelRunner.load_model'))\n"
+        "print(before, m.is_arch_support_pdl(), targets[-1].endswith('ModelRunner.load_model'))",
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split()[-3:] == ["is_arch_support_pdl", "False", "True"]
+    assert words[-3:] == ["is_arch_support_pdl", "False", "True"]

@@ -4,12 +4,11 @@
 from __future__ import annotations
 
 import inspect
-import subprocess
-import sys
 
 import pytest
 
 from sglang_ext.serving import moe_shared_stream as mss
+from tests.plugin_process import run_with_plugin
 
 torch = pytest.importorskip("torch")
 sglang = pytest.importorskip("sglang")
@@ -94,10 +93,9 @@ def test_the_plugin_applies_it_in_a_fresh_process():
     """What a server process does: the plugin's registration with the switch in its env,
     SGLang's hooks applied, then the target's load, stood in for by a ModelRunner whose own
     load_model builds a model with one dual-stream layer."""
-    code = (
-        "import os; os.environ['SGLANG_EXT_MOE_SHARED_STREAM'] = '0'\n"
+    words = run_with_plugin(
+        {"SGLANG_EXT_MOE_SHARED_STREAM": "0"},
         "import torch\n"
-        "from sglang.srt.model_executor import model_runner as mr\n"
         "class L(torch.nn.Module):\n"
         "    def __init__(self):\n"
         "        super().__init__(); self.alt_stream = 's'\n"
@@ -105,15 +103,9 @@ def test_the_plugin_applies_it_in_a_fresh_process():
         "    def forward_normal_dual_stream(self): pass\n"
         "def load(self):\n"
         "    self.model = torch.nn.Sequential(L())\n"
-        "mr.ModelRunner.load_model = load\n"
-        "from sglang.srt.plugins.hook_registry import HookRegistry\n"
-        "from sglang_ext import plugin\n"
-        "targets = plugin._register()\n"
-        "HookRegistry.apply_hooks()\n"
+        "mr.ModelRunner.load_model = load",
         "r = object.__new__(mr.ModelRunner); r.is_draft_worker = False\n"
         "mr.ModelRunner.load_model(r)\n"
-        "print(r.model[0].alt_stream, targets[-1].endswith('ModelRunner.load_model'))\n"
+        "print(r.model[0].alt_stream, targets[-1].endswith('ModelRunner.load_model'))",
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split()[-2:] == ["None", "True"]
+    assert words[-2:] == ["None", "True"]
