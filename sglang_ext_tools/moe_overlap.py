@@ -108,6 +108,7 @@ def overlap(trace: Mapping[str, Any], kernel: str, grid: int) -> dict[str, Any]:
             key=str,
         ),
     }
+    out["all"] = _spread([e.get("dur", 0) for e in found])
     for name, side in sides.items():
         out[name] = _spread(side["us"]) | {
             "median_left_us": round(statistics.median(side["left"]), 2) if side["left"] else None,

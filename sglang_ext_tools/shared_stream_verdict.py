@@ -1,0 +1,197 @@
+"""The shared-expert run read against its registration: does taking SGLang's second stream from
+the DeepSeek MoE layers (``SGLANG_EXT_MOE_SHARED_STREAM=0``) make the routed up-projection
+launch clear, and what does it do to speed, with and without speculation?
+
+Registered 2026-12-07 (twenty-second session) before it ran (docs/next-device-sessions.md), on
+an H100 with dummy weights at the seed's rank shape, every server beside a stock no-speculation
+baseline: plain 5/1/6, ``serial`` 5/1/6, ``serial@nospec`` (and, with time, ``plugin@nospec``):
+
+- every server ready within 150 s;
+- the baseline repeats the twenty-second session's trace: the one-token up-projection (grid
+  128) launched with another stream's kernel running in >= 90 % of instances, those >= 1.8x the
+  clear ones' median;
+- the plain 5/1/6 server's verify up-projection (grid 544) likewise in >= 90 %; how much dearer
+  is recorded (held loosely: 1.05-1.25x);
+- the serial servers launch it with anything of another stream running in <= 5 % of instances;
+  the serial verify's median at or below the plain one's; the serial one-token median <= 30 us;
+- speed: ``serial@nospec`` over the baseline 1.08-1.15 (point 1.12); serial over plain at 5/1/6
+  0.93-1.02 (point 0.98); ``plugin@nospec`` over the baseline 0.98-1.02.
+
+Each speed reading gives its paired interval and where it lies against the range: "within"
+(point in range), "above" or "below" (the whole interval outside), else "point outside".
+
+    python -m sglang_ext_tools.shared_stream_verdict --bench speed.json --traces DIR \
+        [--out verdict.json]
+
+``DIR`` holds ``SERVER.trace.json.gz`` per server (the pipeline's ``slim-traces.tgz``, unpacked).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from sglang_ext_tools.json_out import emit
+from sglang_ext_tools.moe_overlap import load_trace, overlap
+from sglang_ext_tools.server_mode_verdict import ready_within
+
+ONE_TOKEN_GRID = 128
+VERIFY_GRID = 544
+KERNEL = "fused_moe_kernel"
+ROLES = {
+    "baseline": "nospec",
+    "plain": "spec-5-1-6",
+    "serial": "spec-5-1-6-serial",
+    "serial_nospec": "nospec-serial",
+    "plugin_nospec": "nospec-plugin",
+}
+ONE_TOKEN_ROLES = ("baseline", "serial_nospec", "plugin_nospec")  # read at grid 128, else 544
+RESIDENT_MIN_SHARE = 0.90
+BASELINE_MIN_RATIO = 1.8
+SERIAL_MAX_SHARE = 0.05
+SERIAL_ONE_TOKEN_MAX_US = 30.0
+SPEED = {  # role: (low, high, point) of the registered ratio, and which row field holds it
+    "serial_nospec": ((1.08, 1.15, 1.12), "speedup"),
+    "serial": ((0.93, 1.02, 0.98), "vs_setting"),
+    "plugin_nospec": ((0.98, 1.02, 1.00), "speedup"),
+}
+
+
+def launches(traces: Path, server: str, grid: int) -> dict[str, Any] | None:
+    """``moe_overlap`` on SERVER's trace at ``grid``, with the share of resident launches;
+    None where the trace is missing."""
+    path = traces / f"{server}.trace.json.gz"
+    if not path.is_file():
+        return None
+    try:
+        out = overlap(load_trace(path), KERNEL, grid)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from exc
+    return {
+        "instances": out["instances"],
+        "resident_share": round(out["resident"]["n"] / out["instances"], 4),
+        "median_us": out["all"]["median_us"],
+        "resident_median_us": out["resident"]["median_us"],
+        "clear_median_us": out["clear"]["median_us"],
+        "resident_over_clear": out["resident_over_clear"],
+        "resident_kernels": out["resident"]["kernels"],
+    }
+
+
+def place(point: float | None, ci: Sequence[float] | None, low: float, high: float) -> str:
+    """Where a ratio lies against its registered range."""
+    if point is None:
+        return "unread"
+    if ci and ci[0] > high:
+        return "above"
+    if ci and ci[1] < low:
+        return "below"
+    return "within" if low <= point <= high else "point outside"
+
+
+def speed(rows: Sequence[Mapping[str, Any]], role: str, server: str) -> dict[str, Any]:
+    (low, high, point), field = SPEED[role]
+    row = next((r for r in rows if r.get("server") == server and r.get("batch") == 1), None)
+    value = row.get(field) if row else None
+    ci = row.get(f"{field}_ci95") if row else None
+    return {
+        "server": server,
+        "field": field,
+        "ratio": value,
+        "ci95": ci,
+        "registered": {"low": low, "high": high, "point": point},
+        "reading": place(value, ci, low, high),
+    }
+
+
+def verdict(
+    bench: Mapping[str, Any], traces: Path, roles: Mapping[str, str], where: str
+) -> dict[str, Any]:
+    servers = {s["name"]: s for s in bench.get("servers", [])}
+    grid = {r: ONE_TOKEN_GRID if r in ONE_TOKEN_ROLES else VERIFY_GRID for r in roles}
+    reads = {
+        r: launches(traces, name, grid[r]) if name in servers else None
+        for r, name in roles.items()
+    }
+    base, plain = reads.get("baseline"), reads.get("plain")
+    checks: dict[str, Any] = {
+        "baseline_replicates": None
+        if base is None
+        else base["resident_share"] >= RESIDENT_MIN_SHARE
+        and (base["resident_over_clear"] or 0) >= BASELINE_MIN_RATIO,
+        "plain_verify_resident": None
+        if plain is None
+        else plain["resident_share"] >= RESIDENT_MIN_SHARE,
+    }
+    for role in ("serial", "serial_nospec"):
+        read = reads.get(role)
+        clear = None if read is None else read["resident_share"] <= SERIAL_MAX_SHARE
+        checks[f"{role}_clear"] = clear
+    serial = reads.get("serial")
+    checks["serial_verify_not_dearer"] = (
+        None if serial is None or plain is None else serial["median_us"] <= plain["median_us"]
+    )
+    one = reads.get("serial_nospec")
+    checks["serial_one_token_at_most_30_us"] = (
+        None if one is None else one["median_us"] <= SERIAL_ONE_TOKEN_MAX_US
+    )
+    rows = bench.get("rows", [])
+    return {
+        "gpu": bench.get("gpu"),
+        "gpu_uuid": (bench.get("gpu_info") or {}).get("uuid"),
+        "bench": where,
+        "roles": dict(roles),
+        "bounds": {
+            "resident_min_share": RESIDENT_MIN_SHARE,
+            "baseline_min_ratio": BASELINE_MIN_RATIO,
+            "serial_max_share": SERIAL_MAX_SHARE,
+            "serial_one_token_max_us": SERIAL_ONE_TOKEN_MAX_US,
+        },
+        "ready_within_150s": ready_within([s.get("ready_after_s") for s in servers.values()]),
+        "launches": reads,
+        "checks": checks,
+        "speed": {r: speed(rows, r, roles[r]) for r in SPEED if r in roles},
+    }
+
+
+def parse_roles(pairs: Sequence[str]) -> dict[str, str]:
+    roles = dict(ROLES)
+    for pair in pairs:
+        role, eq, name = pair.partition("=")
+        if not eq or role not in ROLES or not name:
+            raise argparse.ArgumentTypeError(
+                f"--role {pair!r}: expected ROLE=SERVER with ROLE one of {', '.join(ROLES)}"
+            )
+        roles[role] = name
+    return roles
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="shared_stream_verdict", description=__doc__.split("\n\n")[0])
+    p.add_argument("--bench", type=Path, required=True, help="the run's speed.json")
+    p.add_argument("--traces", type=Path, required=True, help="SERVER.trace.json.gz per server")
+    p.add_argument("--role", nargs="*", default=[], help="ROLE=SERVER, to rename a server")
+    p.add_argument("--out", type=Path, help="also write the verdict here (never overwritten)")
+    args = p.parse_args(argv)
+    if args.out and args.out.exists():
+        p.error(f"{args.out}: exists; not overwriting it")
+    for path, what in ((args.bench, "--bench"), (args.traces, "--traces")):
+        if not path.exists():
+            p.error(f"{what} {path}: not found")
+    try:
+        roles = parse_roles(args.role)
+    except argparse.ArgumentTypeError as exc:
+        p.error(str(exc))
+    bench = json.loads(args.bench.read_text())
+    try:
+        result = verdict(bench, args.traces, roles, args.bench.name)
+    except ValueError as exc:  # a trace without the grid its role is read at
+        p.exit(2, f"shared_stream_verdict: {exc}\n")
+    return emit(result, args.out)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
