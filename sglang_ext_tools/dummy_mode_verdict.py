@@ -34,6 +34,7 @@ from sglang_ext_tools.server_mode_verdict import (
     mode,
     ready_within,
     traced_up,
+    verdict_head,
 )
 from sglang_ext_tools.trace_breakdown import compiled_binaries
 
@@ -82,10 +83,7 @@ def verdict(bench: Mapping[str, Any], roles: Mapping[str, str], where: str) -> d
     binaries = set(compiled_binaries(v["up_binary"] for v in spec.values()))
     ready = [s.get("ready_after_s") for s in servers.values()]
     return {
-        "gpu": bench.get("gpu"),
-        "gpu_uuid": (bench.get("gpu_info") or {}).get("uuid"),
-        "bench": where,
-        "roles": dict(roles),
+        **verdict_head(bench, where, roles),
         "bounds": {
             "one_token_grid": ONE_TOKEN_GRID,
             "verify_grid": VERIFY_GRID,

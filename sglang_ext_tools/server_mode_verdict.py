@@ -136,6 +136,19 @@ def candidate_reading(fresh: bool | None, nopdl: bool | None) -> str:
     return "neither: both dear"
 
 
+def verdict_head(
+    bench: Mapping[str, Any], where: str, roles: Mapping[str, str]
+) -> dict[str, Any]:
+    """What every mode verdict opens with: the run's GPU (name and UUID), its bench file and
+    the server each role was read from."""
+    return {
+        "gpu": bench.get("gpu"),
+        "gpu_uuid": (bench.get("gpu_info") or {}).get("uuid"),
+        "bench": where,
+        "roles": dict(roles),
+    }
+
+
 def ready_within(ready_s: Sequence[float | None]) -> bool:
     """Every server, the baseline too, ready within the registered 150 s."""
     return bool(ready_s) and all(r is not None and r <= READY_MAX_S for r in ready_s)
@@ -156,10 +169,7 @@ def verdict(
     first = by_role.get("first")
     binaries = compiled_binaries(s["up_binary"] for s in servers.values())
     return {
-        "gpu": bench.get("gpu"),
-        "gpu_uuid": (bench.get("gpu_info") or {}).get("uuid"),
-        "bench": where,
-        "roles": dict(roles),
+        **verdict_head(bench, where, roles),
         "missing_roles": missing,
         "servers": servers,
         "bounds": {

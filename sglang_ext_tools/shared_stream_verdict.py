@@ -36,7 +36,7 @@ from typing import Any
 
 from sglang_ext_tools.json_out import emit
 from sglang_ext_tools.moe_overlap import load_trace, overlap
-from sglang_ext_tools.server_mode_verdict import ready_within
+from sglang_ext_tools.server_mode_verdict import ready_within, verdict_head
 
 ONE_TOKEN_GRID = 128
 VERIFY_GRID = 544
@@ -140,10 +140,7 @@ def verdict(
     )
     rows = bench.get("rows", [])
     return {
-        "gpu": bench.get("gpu"),
-        "gpu_uuid": (bench.get("gpu_info") or {}).get("uuid"),
-        "bench": where,
-        "roles": dict(roles),
+        **verdict_head(bench, where, roles),
         "bounds": {
             "resident_min_share": RESIDENT_MIN_SHARE,
             "baseline_min_ratio": BASELINE_MIN_RATIO,
