@@ -124,8 +124,9 @@
 #                                              watch; speed.json, bench log, server logs and
 #                                              the slimmed profiles -> $OUT
 #   bash node/gpu_node.sh slim-profiles LOGS TGZ
-#                                              each LOGS/profiles/SERVER trace, kernel events
-#                                              only (moe_overlap --slim-only), tarred into TGZ
+#                                              each LOGS/profiles/SERVER trace, its kernels
+#                                              and graph launches only (moe_overlap
+#                                              --slim-only), tarred into TGZ
 #
 # The whole GPU suite with the seed case, chunks from the training-first split:
 #   bash node/gpu_node.sh suite-start [pytest args]
@@ -356,8 +357,8 @@ train_site() {
         .wh/s1/*.whl
 }
 
-# Each profile trace under LOGS/profiles/SERVER/ as SERVER.trace.json.gz, kernel events only
-# (moe_overlap --slim-only), tarred into TGZ (dummy-bench-pipeline)
+# Each profile trace under LOGS/profiles/SERVER/ as SERVER.trace.json.gz, its kernels and graph
+# launches only (moe_overlap --slim-only), tarred into TGZ (dummy-bench-pipeline)
 slim_profiles() {
     local logs=$1 tgz=$2 slimmed trace server
     slimmed="$(dirname "$tgz")/slim"
@@ -994,8 +995,9 @@ dummy-bench-pipeline)
         --log-dir /tmp/dummyb/logs --out-json /tmp/dummyb/result/speed.json \
         ${BENCH_PIN_CPUS:+--pin-cpus "$BENCH_PIN_CPUS"} ${DUMMY_BENCH_ARGS:-} \
         2>&1 | tee -i /tmp/dummyb/result/bench.log || true
-    # every profile as its kernel events only (moe_overlap --slim-only): three rank-shape
-    # traces whole would pass the 16 MiB a returned file may hold; the logs without them
+    # every profile as its kernels and graph launches only (moe_overlap --slim-only): three
+    # rank-shape traces whole would pass the 16 MiB a returned file may hold; then the logs,
+    # without them
     slim_profiles /tmp/dummyb/logs /tmp/dummyb/result/slim-traces.tgz
     tar -czf /tmp/dummyb/result/server-logs.tgz -C /tmp/dummyb/logs --exclude=./profiles . \
         2>/dev/null || true

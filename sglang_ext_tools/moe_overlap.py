@@ -16,8 +16,9 @@ the dear mode is the resident side if its median is far above the clear side's.
     python -m sglang_ext_tools.moe_overlap --trace T.trace.json.gz [--grid 128] \
         [--kernel fused_moe_kernel] [--out overlap.json] [--slim slim.trace.json.gz]
 
-``--slim`` writes the trace's kernel events only, with the arguments read here (stream, grid,
-registers, shared memory): small enough to commit beside the result and read again;
+``--slim`` writes the trace's kernel events and graph launches only, with the arguments read
+here and by ``trace_breakdown.kernel_grids``: small enough to commit beside the result and
+read again;
 ``--slim-only`` writes just that (``gpu_node.sh``'s dummy bench slims every server's profile,
 so that the traces come back from the node under its 16 MiB a file).
 """
@@ -35,9 +36,26 @@ from pathlib import Path
 from typing import Any
 
 from sglang_ext_tools.json_out import emit
-from sglang_ext_tools.trace_breakdown import KERNEL_CATEGORIES, _stream, load_trace
+from sglang_ext_tools.trace_breakdown import (
+    BINARY_ARGS,
+    GRAPH_LAUNCH,
+    KERNEL_CATEGORIES,
+    OCCUPANCY_ARG,
+    _stream,
+    load_trace,
+)
 
-KEPT_ARGS = ("stream", "grid", "block", "registers per thread", "shared memory", "graph id")
+# what this tool and trace_breakdown read of an event: its stream and launch shape, the graph
+# launch it belongs to (correlation), and the binary args (binary_args)
+KEPT_ARGS = (
+    "stream",
+    "grid",
+    "block",
+    "correlation",
+    "graph id",
+    *(arg for arg, _ in BINARY_ARGS),
+    OCCUPANCY_ARG,
+)
 
 
 def kernels(trace: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -122,13 +140,21 @@ def overlap(trace: Mapping[str, Any], kernel: str, grid: int) -> dict[str, Any]:
 
 
 def slim(trace: Mapping[str, Any]) -> dict[str, Any]:
-    """The kernel events with only the arguments this tool and ``trace_breakdown``'s grid
-    reading use."""
+    """The kernel events and the graph launches that ran them, with only the arguments this
+    tool and ``trace_breakdown``'s grid reading use (``kernel_grids`` reads a slim trace as it
+    reads the whole one)."""
+    launches = [
+        e
+        for e in trace.get("traceEvents", [])
+        if e.get("ph") == "X"
+        and e.get("cat") == "cuda_runtime"
+        and str(e.get("name", "")).startswith(GRAPH_LAUNCH)
+    ]
     return {
         "traceEvents": [
             {k: e[k] for k in ("ph", "cat", "name", "ts", "dur") if k in e}
             | {"args": {k: v for k, v in (e.get("args") or {}).items() if k in KEPT_ARGS}}
-            for e in kernels(trace)
+            for e in sorted([*launches, *kernels(trace)], key=lambda e: e["ts"])
         ]
     }
 
@@ -139,7 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--kernel", default="fused_moe_kernel", help="a substring of the kernel name")
     p.add_argument("--grid", type=int, default=128, help="the launch grid's x (y = z = 1)")
     p.add_argument("--out", type=Path, help="also write the result here (never overwritten)")
-    p.add_argument("--slim", type=Path, help="write the kernel-only trace here (never overwritten)")
+    p.add_argument("--slim", type=Path, help="write the slim trace here (never overwritten)")
     p.add_argument(
         "--slim-only",
         action="store_true",

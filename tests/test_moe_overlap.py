@@ -93,9 +93,42 @@ def test_the_committed_h100_server_trace_reads_as_committed():
     alone = json.loads(Path(f"{STANDALONE}-moe-mode.json").read_text())
     one_token = [r["tokens"]["1"]["kernels"]["up"]["mean_us"] for r in alone["runs"]]
     assert min(one_token) * 0.95 <= up["clear"]["median_us"] <= max(one_token) * 1.05
+    # the slim copy gives the bench's own reading of the fused MoE's grids, binaries included
+    from sglang_ext_tools.trace_breakdown import kernel_grids
+
+    grids = kernel_grids(mo.load_trace(slim))["target_graph"]["fused_moe_kernel"]
+    bench = json.loads(Path(f"{DUMMY}-speed.json").read_text())
+    assert grids == bench["profiles"]["nospec"]["kernel_grids"]["target_graph"]["fused_moe_kernel"]
     down = json.loads(Path(f"{DUMMY}-overlap-down.json").read_text())
     assert down["clear"]["n"] > 0.95 * down["instances"]
     assert down["resident_over_clear"] == pytest.approx(1.0, abs=0.05)
+
+
+UP = "fused_moe_kernel"
+
+
+def test_kernel_grids_reads_a_slim_trace_as_the_whole_one():
+    """The slim copy keeps the graph launches, the correlation ids and every binary arg
+    ``trace_breakdown.kernel_grids`` reads, and drops the rest."""
+    from sglang_ext_tools.trace_breakdown import kernel_grids
+
+    events = []
+    for step in range(3):
+        t, corr = 1000.0 * step, 100 + step
+        events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": t,
+                       "dur": 5, "args": {"correlation": corr, "cbid": 311}})
+        for i, grid in enumerate((128, 1792)):
+            events.append(k(UP, t + 10 + 60 * i, 56.0 - 40 * i, 7, (grid, 1, 1),
+                            correlation=corr, **{"registers per thread": 48,
+                            "shared memory": 36864, "blocks per SM": 0.97,
+                            "est. achieved occupancy %": 6, "queued": 0}))  # fmt: skip
+    events.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 1, "dur": 3})
+    whole = {"traceEvents": events}
+    slimmed = mo.slim(whole)
+    assert kernel_grids(slimmed) == kernel_grids(whole)
+    assert len(slimmed["traceEvents"]) == 9
+    for event in slimmed["traceEvents"]:
+        assert "queued" not in event["args"] and "cbid" not in event["args"]
 
 
 def test_slim_only_writes_a_trace_without_the_grid(tmp_path, capsys):

@@ -752,8 +752,8 @@ def test_install_523_names_the_training_wheel_it_lacks_before_pip_runs(tmp_path)
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 def test_slim_profiles_tars_every_servers_trace_as_kernels_only(tmp_path):
     """The dummy bench's profiles come back slimmed (three whole rank-shape traces would pass
-    the 16 MiB a returned file may hold): one SERVER.trace.json.gz per server, host events
-    dropped, a server whose trace has no one-token launch included."""
+    the 16 MiB a returned file may hold): one SERVER.trace.json.gz per server, host events and
+    unread args dropped, a server whose trace has no one-token launch included."""
     import gzip
     import json
     import os
@@ -761,7 +761,8 @@ def test_slim_profiles_tars_every_servers_trace_as_kernels_only(tmp_path):
 
     logs = tmp_path / "logs"
     kernel = {"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 2,
-              "args": {"stream": 7, "grid": [544, 1, 1], "correlation": 9}}  # fmt: skip
+              "args": {"stream": 7, "grid": [544, 1, 1], "correlation": 9,
+                       "queued": 0}}  # fmt: skip
     host = {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 5}
     for server in ("nospec", "spec-5-1-6-serial"):
         (logs / "profiles" / server).mkdir(parents=True)
@@ -778,4 +779,4 @@ def test_slim_profiles_tars_every_servers_trace_as_kernels_only(tmp_path):
         assert names == ["./nospec.trace.json.gz", "./spec-5-1-6-serial.trace.json.gz"]
         with gzip.open(tar.extractfile(names[0]), "rt") as fh:
             events = json.load(fh)["traceEvents"]
-    assert events == [{**kernel, "args": {"stream": 7, "grid": [544, 1, 1]}}]
+    assert events == [{**kernel, "args": {"stream": 7, "grid": [544, 1, 1], "correlation": 9}}]
