@@ -44,7 +44,6 @@ TAU_TOL = 0.02
 CHEAP_CYCLE_MS = 11.84
 FRESH_CYCLE_MAX_MS = 12.1
 NOPDL_CYCLE_MAX_MS = CHEAP_CYCLE_MS + 0.35
-ROLES = ("first", "nopdl", "fresh")
 DEFAULT_ROLES = {"first": "spec-5-1-6", "nopdl": "spec-5-1-6-nopdl", "fresh": "spec-5-1-6-fresh"}
 
 
@@ -194,12 +193,16 @@ def verdict(
     }
 
 
-def parse_roles(items: Sequence[str]) -> dict[str, str]:
-    roles = dict(DEFAULT_ROLES)
+def parse_roles(
+    items: Sequence[str], defaults: Mapping[str, str] = DEFAULT_ROLES
+) -> dict[str, str]:
+    """``defaults`` (role: server) with each ``ROLE=SERVER`` of ``items`` in its place."""
+    roles = dict(defaults)
     for item in items:
         role, sep, name = item.partition("=")
-        if not sep or role not in ROLES or not name:
-            raise ValueError(f"--role {item!r}: expected ROLE=SERVER, ROLE one of {ROLES}")
+        if not sep or role not in defaults or not name:
+            known = tuple(defaults)
+            raise ValueError(f"--role {item!r}: expected ROLE=SERVER, ROLE one of {known}")
         roles[role] = name
     return roles
 
@@ -210,25 +213,31 @@ def cli(
     name: str,
     read: Callable[..., dict[str, Any]],
     *,
-    cycle_fit: bool,
+    cycle_fit: bool = False,
+    traces: bool = False,
+    roles: Mapping[str, str] = DEFAULT_ROLES,
 ) -> int:
     """The command line of a mode verdict: ``--bench`` (and ``--cycle-fit`` where the reading
-    needs cycles), ``--role``, ``--out`` never written over; exit 2 naming a file it cannot
-    read. ``read(bench, [fit,] roles, where)`` makes the verdict."""
+    needs cycles, ``--traces`` where it reads the servers' slim traces), ``--role`` (over
+    ``roles``), ``--out`` never written over; exit 2 naming a file it cannot read.
+    ``read(bench, [fit,] [traces,] roles, where)`` makes the verdict."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--bench", required=True, help="bench_speed's JSON (with --profile)")
     if cycle_fit:
         p.add_argument("--cycle-fit", required=True, help="cycle_fit's JSON on that bench")
-    p.add_argument("--role", nargs="*", default=[], help="ROLE=SERVER (first, nopdl, fresh)")
+    if traces:
+        p.add_argument("--traces", required=True, help="a folder of SERVER.trace.json.gz")
+    p.add_argument("--role", nargs="*", default=[], help=f"ROLE=SERVER ({', '.join(roles)})")
     p.add_argument("--out", help="write the verdict here too (never over an existing file)")
     args = p.parse_args(argv)
     if args.out and Path(args.out).exists():
         p.error(f"--out {args.out}: exists; not overwriting it")
     try:
-        roles = parse_roles(args.role)
+        named = parse_roles(args.role, roles)
         bench = json.loads(Path(args.bench).read_text())
         fit = (json.loads(Path(args.cycle_fit).read_text()),) if cycle_fit else ()
-        result = read(bench, *fit, roles, Path(args.bench).name)
+        folder = (Path(args.traces),) if traces else ()
+        result = read(bench, *fit, *folder, named, Path(args.bench).name)
     except (OSError, ValueError, KeyError) as e:
         print(f"{name}: {e}", file=sys.stderr)
         return 2

@@ -28,15 +28,12 @@ Each speed reading gives its paired interval and where it lies against the range
 
 from __future__ import annotations
 
-import argparse
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sglang_ext_tools.json_out import emit
 from sglang_ext_tools.moe_overlap import load_trace, overlap
-from sglang_ext_tools.server_mode_verdict import ready_within, verdict_head
+from sglang_ext_tools.server_mode_verdict import cli, ready_within, verdict_head
 
 ONE_TOKEN_GRID = 128
 VERIFY_GRID = 544
@@ -110,6 +107,8 @@ def speed(rows: Sequence[Mapping[str, Any]], role: str, server: str) -> dict[str
 def verdict(
     bench: Mapping[str, Any], traces: Path, roles: Mapping[str, str], where: str
 ) -> dict[str, Any]:
+    if not traces.is_dir():
+        raise FileNotFoundError(f"--traces {traces}: no such folder")
     servers = {s["name"]: s for s in bench.get("servers", [])}
     grid = {r: ONE_TOKEN_GRID if r in ONE_TOKEN_ROLES else VERIFY_GRID for r in roles}
     reads = {
@@ -154,40 +153,9 @@ def verdict(
     }
 
 
-def parse_roles(pairs: Sequence[str]) -> dict[str, str]:
-    roles = dict(ROLES)
-    for pair in pairs:
-        role, eq, name = pair.partition("=")
-        if not eq or role not in ROLES or not name:
-            raise argparse.ArgumentTypeError(
-                f"--role {pair!r}: expected ROLE=SERVER with ROLE one of {', '.join(ROLES)}"
-            )
-        roles[role] = name
-    return roles
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="shared_stream_verdict", description=__doc__.split("\n\n")[0])
-    p.add_argument("--bench", type=Path, required=True, help="the run's speed.json")
-    p.add_argument("--traces", type=Path, required=True, help="SERVER.trace.json.gz per server")
-    p.add_argument("--role", nargs="*", default=[], help="ROLE=SERVER, to rename a server")
-    p.add_argument("--out", type=Path, help="also write the verdict here (never overwritten)")
-    args = p.parse_args(argv)
-    if args.out and args.out.exists():
-        p.error(f"{args.out}: exists; not overwriting it")
-    for path, what in ((args.bench, "--bench"), (args.traces, "--traces")):
-        if not path.exists():
-            p.error(f"{what} {path}: not found")
-    try:
-        roles = parse_roles(args.role)
-    except argparse.ArgumentTypeError as exc:
-        p.error(str(exc))
-    bench = json.loads(args.bench.read_text())
-    try:
-        result = verdict(bench, args.traces, roles, args.bench.name)
-    except ValueError as exc:  # a trace without the grid its role is read at
-        p.exit(2, f"shared_stream_verdict: {exc}\n")
-    return emit(result, args.out)
+    return cli(argv, __doc__.split("\n\n")[0], "shared_stream_verdict", verdict, traces=True,
+               roles=ROLES)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from sglang_ext_tools import shared_stream_verdict as sv
+from sglang_ext_tools.server_mode_verdict import parse_roles
 
 UP = "fused_moe_kernel"
 
@@ -99,19 +100,26 @@ def test_failed_checks_read_false(tmp_path):
     assert v["checks"]["serial_one_token_at_most_30_us"] is False
 
 
-def test_roles_rename_servers_and_bad_ones_are_named():
-    assert sv.parse_roles(["plain=spec-5-1-6-b"])["plain"] == "spec-5-1-6-b"
+def test_roles_rename_servers_and_bad_ones_are_named(tmp_path, capsys):
+    assert parse_roles(["plain=spec-5-1-6-b"], sv.ROLES)["plain"] == "spec-5-1-6-b"
     with pytest.raises(Exception, match="ROLE=SERVER"):
-        sv.parse_roles(["verify=spec"])
+        parse_roles(["verify=spec"], sv.ROLES)
+    folder = write(tmp_path, {"spec-5-1-6-b": launches(544, [70.0], [True])})
+    path = tmp_path / "speed.json"
+    path.write_text(json.dumps(bench([]) | {"servers": [{"name": "spec-5-1-6-b"}]}))
+    assert sv.main(["--bench", str(path), "--traces", str(folder),
+                    "--role", "plain=spec-5-1-6-b"]) == 0  # fmt: skip
+    assert json.loads(capsys.readouterr().out)["launches"]["plain"]["instances"] == 1
 
 
 def test_a_trace_without_its_grid_is_named_and_out_never_overwritten(tmp_path, capsys):
     folder = write(tmp_path, {"nospec": launches(544, [70.0], [False])})
     path = tmp_path / "speed.json"
     path.write_text(json.dumps(bench([])))
-    with pytest.raises(SystemExit) as exc:
-        sv.main(["--bench", str(path), "--traces", str(folder)])
-    assert exc.value.code == 2 and "nospec.trace.json.gz" in capsys.readouterr().err
+    assert sv.main(["--bench", str(path), "--traces", str(folder)]) == 2
+    assert "nospec.trace.json.gz" in capsys.readouterr().err
+    assert sv.main(["--bench", str(path), "--traces", str(tmp_path / "none")]) == 2
+    assert "--traces" in capsys.readouterr().err
     out = tmp_path / "v.json"
     out.write_text("keep")
     with pytest.raises(SystemExit):
