@@ -179,7 +179,7 @@ def variant_setting(label: str, default: Setting | None) -> tuple[str, Setting |
 
 def nospec_variant(label: str) -> bool:
     """Whether a variant label names a variant of the baseline (``LABEL@nospec``)."""
-    return label.partition(":")[0].partition("@")[2] == NOSPEC_AT
+    return label.partition("@")[2] == NOSPEC_AT
 
 
 def variant_parts(*assignments: str) -> dict[str, Any]:
