@@ -47,7 +47,7 @@ from sglang_ext.cli.bench_report import RequestResult
 from sglang_ext_tools import cpu_pinning, group_fit
 from sglang_ext_tools.gpu_watch import GpuWatch, gpu_info
 from sglang_ext_tools.launch import DEFAULT_SPEC, STOCK_ENV, Server, start_all, stop_all
-from sglang_ext_tools.stats import bootstrap_ratio_ci, ratio_of_sums
+from sglang_ext_tools.stats import bootstrap_ratio_ci, ratio_of_speedups, ratio_of_sums
 from sglang_ext_tools.trace_breakdown import (
     breakdown,
     graph_streams,
@@ -942,6 +942,119 @@ def pool_second_pair(
                 row.update(pooled)
 
 
+VS_SETTING_ACROSS = (
+    "across groups: each server over its own group's baseline, paired prompts, bootstrap"
+    " (a prompt's four times resampled together)"
+)
+
+
+def _over_own_baselines(
+    measurements: Sequence[Mapping[str, Any]],
+    first: tuple[str, int],
+    second: tuple[str, int],
+) -> tuple[float | None, list[float] | None]:
+    """(server, group) first's speedup over its group's baseline divided by second's over its
+    own, at batch 1, prompts paired (stats.ratio_of_speedups); (None, None) where a server or
+    baseline did not measure or fewer than two prompts finished on all four."""
+    entries = []
+    for name, g in (first, second):
+        agg = aggregate([m for m in measurements if m.get("group", 0) == g])
+        entries += list(common_rounds(agg.get((name, 1)), agg.get(("nospec", 1))))
+    if any(e is None for e in entries):
+        return None, None
+    times = [per_prompt_times(e["latency_rounds"]) for e in entries]
+    kept = [t for t in zip(*times, strict=False) if None not in t]
+    if len(kept) < 2:
+        return None, None
+    return ratio_of_speedups([(a, b) for a, b, _, _ in kept], [(c, d) for _, _, c, d in kept])
+
+
+def vs_setting_across_groups(
+    rows: list[dict[str, Any]],
+    specs: Sequence[Mapping[str, Any]],
+    measurements: Sequence[Mapping[str, Any]],
+    groups: Sequence[Sequence[str]],
+) -> None:
+    """A variant served in another group than the main drafter's server at its setting
+    (--at-once 2 serves each beside the baseline alone) gets its ``vs_setting`` all the
+    same: its speedup over the plain server's, each measured against its own group's
+    baseline, so a drift of the machine between the groups cancels. Batch 1 pairs prompts
+    (_over_own_baselines); larger batches divide the two rows' speedups (no interval).
+    Rows that have a ``vs_setting`` from their own group keep it."""
+    group_of = {name: g for g, names in enumerate(groups) for name in names if name != "nospec"}
+    main_at = {tuple(s["setting"]): s["name"] for s in specs if s["role"] == "spec"}
+    by_server = {(r["server"], r["batch"]): r for r in rows}
+    for spec in specs:
+        if spec["role"] != "variant" or spec.get("setting") is None:
+            continue
+        plain = main_at.get(tuple(spec["setting"]))
+        gv, gp = group_of.get(spec["name"]), group_of.get(plain)
+        if plain is None or gv is None or gp is None or gv == gp:
+            continue
+        for (server, b), row in by_server.items():
+            if server != spec["name"] or row.get("vs_setting") is not None:
+                continue
+            other = by_server.get((plain, b))
+            if b == 1:
+                point, ci = _over_own_baselines(measurements, (server, gv), (plain, gp))
+            else:
+                point = _r(_ratio(row.get("speedup"), (other or {}).get("speedup")))
+                ci = None
+            if point is not None:
+                row.update(
+                    vs_setting_server=plain,
+                    vs_setting=point,
+                    vs_setting_ci95=ci,
+                    vs_setting_method=VS_SETTING_ACROSS,
+                )
+
+
+def same_switch_baseline(
+    rows: list[dict[str, Any]],
+    specs: Sequence[Mapping[str, Any]],
+    measurements: Sequence[Mapping[str, Any]],
+    groups: Sequence[Sequence[str]],
+) -> None:
+    """A variant LABEL@S whose run also served LABEL@nospec (the baseline with the same
+    switch) gets its speedup over that server as well, ``speedup_same_switch`` with its
+    interval and ``eta_same_switch``: what speculation adds over the fastest server without
+    it where the switch speeds the target itself (2026-12-07: the shared expert on the main
+    stream, 1.09x without speculation). Batch 1 only, each server over its own group's
+    baseline (_over_own_baselines)."""
+    group_of = {name: g for g, names in enumerate(groups) for name in names if name != "nospec"}
+    twin = {
+        (
+            s.get("label"),
+            tuple(sorted((s.get("env") or {}).items())),
+            tuple(s.get("extra") or ()),
+        ): s["name"]
+        for s in specs
+        if s["role"] == "nospec_variant"
+    }
+    for spec in specs:
+        if spec["role"] != "variant":
+            continue
+        key = (
+            spec.get("label"),
+            tuple(sorted((spec.get("env") or {}).items())),
+            tuple(spec.get("extra") or ()),
+        )
+        base = twin.get(key)
+        if base is None or spec["name"] not in group_of or base not in group_of:
+            continue
+        point, ci = _over_own_baselines(
+            measurements, (spec["name"], group_of[spec["name"]]), (base, group_of[base])
+        )
+        for row in rows:
+            if row["server"] == spec["name"] and row["batch"] == 1 and point is not None:
+                row.update(
+                    same_switch_server=base,
+                    speedup_same_switch=point,
+                    speedup_same_switch_ci95=ci,
+                    eta_same_switch=_r(_ratio(point, row.get("tau"))),
+                )
+
+
 def best_and_goals(
     rows: Sequence[Mapping[str, Any]], compare: Setting | None, *, variants: bool = False
 ):
@@ -1172,6 +1285,9 @@ def build_result(
         )
         rows += group_rows if len(groups) == 1 else [{**r, "group": g} for r in group_rows]
     pool_second_pair(rows, specs, measurements, compare, meta["batches"], schema_version)
+    if len(groups) > 1:
+        vs_setting_across_groups(rows, specs, measurements, groups)
+    same_switch_baseline(rows, specs, measurements, groups)
     best, goals = best_and_goals(rows, compare)
     return {
         "schema_version": schema_version,

@@ -59,6 +59,27 @@ def bootstrap_ratio_ci(
     return bootstrap_ci(paired_values(numerator, denominator), _sum_ratio, draws, seed)
 
 
+def ratio_of_speedups(
+    first: Sequence[tuple[float, float]],
+    second: Sequence[tuple[float, float]],
+    draws: int = 4000,
+    seed: int = 0,
+) -> tuple[float, list[float] | None]:
+    """speedup(first) / speedup(second) and its 95 % interval. Each item is one prompt's
+    (speculative latency, baseline latency), equal tokens on both sides; the lists are paired
+    by prompt, and the bootstrap resamples prompts with all four latencies together, so what
+    the prompts themselves contribute cancels."""
+    if len(first) != len(second) or len(first) < 2:
+        raise ValueError(f"need two equal lists of >= 2 prompts, got {len(first)}, {len(second)}")
+    rows = [(a[0], a[1], b[0], b[1]) for a, b in zip(first, second, strict=True)]
+
+    def ratio(picks: Sequence[tuple[float, float, float, float]]) -> float:
+        fs, fb, ss, sb = (sum(r[k] for r in picks) for k in range(4))
+        return (fb / fs) / (sb / ss)
+
+    return round(ratio(rows), 4), bootstrap_ci(rows, ratio, draws, seed)
+
+
 def speedup_agreement(
     first: Sequence[tuple[float, float]],
     second: Sequence[tuple[float, float]],
@@ -73,20 +94,12 @@ def speedup_agreement(
     prompts themselves contribute cancels). ``agree`` is False only when the interval lies
     wholly outside [1 / (1 + tolerance), 1 + tolerance]: the timings are shown to differ by
     more than the tolerance, which noise alone does in at most 2.5 % of runs."""
-    if len(first) != len(second) or len(first) < 2:
-        raise ValueError(f"need two equal lists of >= 2 prompts, got {len(first)}, {len(second)}")
-    rows = [(a[0], a[1], b[0], b[1]) for a, b in zip(first, second, strict=True)]
-
-    def ratio(picks: Sequence[tuple[float, float, float, float]]) -> float:
-        fs, fb, ss, sb = (sum(r[k] for r in picks) for k in range(4))
-        return (fb / fs) / (sb / ss)
-
-    ci = bootstrap_ci(rows, ratio, draws, seed)
+    point, ci = ratio_of_speedups(first, second, draws, seed)
     band = [round(1 / (1 + tolerance), 4), round(1 + tolerance, 4)]
     return {
-        "ratio": round(ratio(rows), 4),
+        "ratio": point,
         "ci95": ci,
         "band": band,
-        "prompts": len(rows),
+        "prompts": len(first),
         "agree": ci[1] >= band[0] and ci[0] <= band[1],
     }
