@@ -125,3 +125,24 @@ def test_a_trace_without_its_grid_is_named_and_out_never_overwritten(tmp_path, c
     with pytest.raises(SystemExit):
         sv.main(["--bench", str(path), "--traces", str(folder), "--out", str(out)])
     assert out.read_text() == "keep"
+
+
+def test_the_committed_run_is_its_verdict(tmp_path):
+    """The registered run as it came back on 2026-12-07 (twenty-third session, one H100): the
+    committed verdict is what the tool reads from the rebuilt bench and the slim traces. The
+    serial 5/1/6 server's gain over the plain one lies above the registered 0.93-1.02."""
+    import tarfile
+    from pathlib import Path
+
+    run = Path(__file__).resolve().parents[1] / (
+        "tests/gpu/results/seed-shape-2026-12-07-serial-nvidia-h100-sglang0.5.23"
+    )
+    with tarfile.open(f"{run}-slim-traces.tgz") as tgz:
+        tgz.extractall(tmp_path, filter="data")
+    bench_path = Path(f"{run}-speed-rebuilt.json")
+    kept = json.loads(Path(f"{run}-verdict.json").read_text())
+    again = sv.verdict(json.loads(bench_path.read_text()), tmp_path, sv.ROLES, bench_path.name)
+    assert json.loads(json.dumps(again)) == kept
+    assert all(kept["checks"].values())
+    assert [kept["speed"][k]["reading"] for k in ("serial_nospec", "serial", "plugin_nospec")] == [
+        "within", "above", "point outside"]  # fmt: skip
