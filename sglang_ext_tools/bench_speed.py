@@ -948,7 +948,7 @@ VS_SETTING_ACROSS = (
 )
 
 
-def _over_own_baselines(
+def over_own_baselines(
     measurements: Sequence[Mapping[str, Any]],
     first: tuple[str, int],
     second: tuple[str, int],
@@ -979,7 +979,7 @@ def vs_setting_across_groups(
     (--at-once 2 serves each beside the baseline alone) gets its ``vs_setting`` all the
     same: its speedup over the plain server's, each measured against its own group's
     baseline, so a drift of the machine between the groups cancels. Batch 1 pairs prompts
-    (_over_own_baselines); larger batches divide the two rows' speedups (no interval).
+    (over_own_baselines); larger batches divide the two rows' speedups (no interval).
     Rows that have a ``vs_setting`` from their own group keep it."""
     group_of = {name: g for g, names in enumerate(groups) for name in names if name != "nospec"}
     main_at = {tuple(s["setting"]): s["name"] for s in specs if s["role"] == "spec"}
@@ -996,7 +996,7 @@ def vs_setting_across_groups(
                 continue
             other = by_server.get((plain, b))
             if b == 1:
-                point, ci = _over_own_baselines(measurements, (server, gv), (plain, gp))
+                point, ci = over_own_baselines(measurements, (server, gv), (plain, gp))
             else:
                 point = _r(_ratio(row.get("speedup"), (other or {}).get("speedup")))
                 ci = None
@@ -1020,7 +1020,7 @@ def same_switch_baseline(
     interval and ``eta_same_switch``: what speculation adds over the fastest server without
     it where the switch speeds the target itself (2026-12-07: the shared expert on the main
     stream, 1.09x without speculation). Batch 1 only, each server over its own group's
-    baseline (_over_own_baselines)."""
+    baseline (over_own_baselines)."""
     group_of = {name: g for g, names in enumerate(groups) for name in names if name != "nospec"}
     twin = {
         (
@@ -1042,7 +1042,7 @@ def same_switch_baseline(
         base = twin.get(key)
         if base is None or spec["name"] not in group_of or base not in group_of:
             continue
-        point, ci = _over_own_baselines(
+        point, ci = over_own_baselines(
             measurements, (spec["name"], group_of[spec["name"]]), (base, group_of[base])
         )
         for row in rows:

@@ -18,7 +18,7 @@ upper cluster's median at least ``MIN_RATIO`` times the lower's), and gives per 
 count, the kernel's median, the step period (one target launch's first kernel to the next's),
 and the runs of consecutive steps.
 
-    python -m sglang_ext_tools.moe_regimes --trace T.trace.json.gz [--grid 128] \
+    python -m sglang_ext_tools.moe_regimes --trace T.trace.json.gz [--grid GRID] \
         [--kernel fused_moe_kernel] [--out regimes.json]
 """
 
@@ -69,6 +69,25 @@ def runs(labels: Sequence[str]) -> list[tuple[str, int]]:
         else:
             out.append((label, 1))
     return out
+
+
+def up_grid(trace: Mapping[str, Any], kernel: str = "fused_moe_kernel") -> int:
+    """The routed up-projection's grid x in the trace's target steps: of the ``kernel`` grids a
+    target launch runs once a MoE layer (the most instances a launch), the smallest (the
+    down-projection's N, the hidden size, is wider than the up-projection's at the rank shape:
+    1792 against 128 blocks at one token)."""
+    counts: dict[int, int] = {}
+    for group in group_kernels(trace).target:
+        per = {}
+        for k in group:
+            if kernel in k["name"] and _grid(k)[1:] == [1, 1]:
+                per[_grid(k)[0]] = per.get(_grid(k)[0], 0) + 1
+        for x, n in per.items():
+            counts[x] = max(counts.get(x, 0), n)
+    if not counts:
+        raise ValueError(f"no target graph launch ran {kernel}")
+    most = max(counts.values())
+    return min(x for x, n in counts.items() if n == most)
 
 
 def regimes(trace: Mapping[str, Any], kernel: str, grid: int) -> dict[str, Any]:

@@ -96,3 +96,12 @@ def test_the_dear_mode_is_stretches_of_steps_and_the_main_stream_has_none():
     assert serial["kernel_median_us"] < 30
     cheap, dear = (read["nospec"]["regimes"][r]["step_period_median_ms"] for r in ("cheap", "dear"))
     assert cheap < serial["step_period_median_ms"] < dear
+
+
+def test_the_up_projection_grid_is_the_smaller_of_the_per_layer_ones():
+    t = trace([26, 26])
+    t["traceEvents"].append({"ph": "X", "cat": "kernel", "name": UP, "ts": 10, "dur": 50,
+                             "args": {"grid": [6608, 1, 1], "correlation": 1}})  # fmt: skip
+    assert mr.up_grid(t) == 128  # 1792 (down) as often; 6608 once a step
+    with pytest.raises(ValueError, match="no target graph launch ran other"):
+        mr.up_grid(t, "other")

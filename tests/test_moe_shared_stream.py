@@ -51,9 +51,11 @@ def test_off_by_default_leaves_sglang_alone(monkeypatch):
     assert mss.after_load_model not in hooks
 
 
-def test_a_value_other_than_0_or_1_is_refused_by_name(monkeypatch):
+def test_a_value_other_than_0_1_or_high_is_refused_by_name(monkeypatch):
     monkeypatch.setenv(mss.ENV_VAR, "serial")
-    with pytest.raises(ValueError, match=r"SGLANG_EXT_MOE_SHARED_STREAM: expected 0 .* 'serial'"):
+    with pytest.raises(ValueError, match=r"SGLANG_EXT_MOE_SHARED_STREAM: expected 0 \(the shared "
+                                         r"expert on the main stream\), 1 .*, high .*; found "
+                                         r"'serial'"):  # fmt: skip
         mss.install()
 
 
@@ -66,16 +68,49 @@ def test_every_dual_stream_layer_of_the_target_loses_its_second_stream():
     assert [m.alt_stream for m in model.layers] == [None, None, stream]
 
 
-def test_the_drafter_runner_is_left_alone():
-    model = Target([DualStreamMoE()])
-    mss.after_load_model(None, Runner(model, draft=True))
-    assert model.layers[0].alt_stream is not None
+def test_the_drafter_runner_is_left_alone(monkeypatch):
+    for value in ("0", "high"):
+        monkeypatch.setenv(mss.ENV_VAR, value)
+        model = Target([DualStreamMoE()])
+        mss.after_load_model(None, Runner(model, draft=True))
+        assert model.layers[0].alt_stream is STREAM
 
 
-def test_a_target_without_such_a_layer_is_refused_by_name():
-    with pytest.raises(ValueError, match=r"SGLANG_EXT_MOE_SHARED_STREAM=0: the target model "
+class PriorityStream:
+    """Stands in for torch.cuda.Stream (no GPU here)."""
+
+    def __init__(self, priority=0):
+        self.priority = priority
+
+
+def test_high_gives_every_dual_stream_layer_one_new_stream_of_the_highest_priority():
+    without_shared = DualStreamMoE()
+    without_shared.shared_experts = None
+    model = Target([DualStreamMoE(), DualStreamMoE(), without_shared])
+    made = []
+
+    def make():
+        made.append(PriorityStream(-5))
+        return made[-1]
+
+    assert mss.prioritize(model, "the target model", make) == 2
+    assert len(made) == 1  # one stream for all layers, as SGLang shares its one
+    assert [m.alt_stream for m in model.layers] == [made[0], made[0], STREAM]
+
+
+def test_high_on_a_target_without_such_a_layer_is_refused_by_name(monkeypatch):
+    monkeypatch.setenv(mss.ENV_VAR, "high")
+    with pytest.raises(ValueError, match=r"SGLANG_EXT_MOE_SHARED_STREAM=high: the target model "
                                          r"\(Target\) has no MoE layer"):  # fmt: skip
         mss.after_load_model(None, Runner(Target([torch.nn.Linear(2, 2)])))
+
+
+def test_the_highest_priority_is_asked_past_the_range():
+    """PyTorch maps a priority past the device's range to its end: the request is below any
+    device's highest (CUDA's greatest priority is a small negative number)."""
+    src = inspect.getsource(mss.high_priority_stream)
+    assert "torch.cuda.Stream(priority=-(2**10))" in src
+    assert "mapped to the nearest valid priority" in inspect.getsource(torch.cuda.Stream)
 
 
 def test_sglang_reads_the_stream_at_call_time():
@@ -109,3 +144,26 @@ def test_the_plugin_applies_it_in_a_fresh_process():
         "print(r.model[0].alt_stream, targets[-1].endswith('ModelRunner.load_model'))",
     )
     assert words[-2:] == ["None", "True"]
+
+
+def test_high_applies_in_a_fresh_process():
+    words = run_with_plugin(
+        {"SGLANG_EXT_MOE_SHARED_STREAM": "high"},
+        "import torch\n"
+        "class S:\n"
+        "    def __init__(self, priority=0): self.priority = max(priority, -5)\n"
+        "torch.cuda.Stream = S\n"
+        "class L(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__(); self.alt_stream = 's'\n"
+        "        self.shared_experts = torch.nn.Linear(1, 1)\n"
+        "    def forward_normal_dual_stream(self): pass\n"
+        "def load(self):\n"
+        "    self.model = torch.nn.Sequential(L(), L())\n"
+        "mr.ModelRunner.load_model = load",
+        "r = object.__new__(mr.ModelRunner); r.is_draft_worker = False\n"
+        "mr.ModelRunner.load_model(r)\n"
+        "a, b = (m.alt_stream for m in r.model)\n"
+        "print(a is b, a.priority, targets[-1].endswith('ModelRunner.load_model'))",
+    )
+    assert words[-3:] == ["True", "-5", "True"]

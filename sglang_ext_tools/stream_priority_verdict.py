@@ -1,0 +1,158 @@
+"""The stream-priority run read against its registration: does giving the shared expert its own
+stream of the highest priority (``SGLANG_EXT_MOE_SHARED_STREAM=high``) make every decode step
+run the MoE up-projection cheap, and hide the shared expert that the serial switch pays for?
+
+Registered 2026-12-07 (twenty-third session) before it ran (docs/next-device-sessions.md), on
+an H100 with dummy weights at the seed's rank shape, every server beside a stock no-speculation
+baseline: plain 3/1/4, ``high`` 3/1/4, ``high@nospec``, ``serial@nospec``, ``serial`` 3/1/4.
+The reasoning: the same session's traces split the dear mode into stretches of whole steps
+(``moe_regimes``); in a cheap step the shared expert's kernels had finished 11 µs before the
+routed up-projection launched, in a dear one its last GEMM began 0.8 µs before it. A cheap step
+took 6.8 ms, a dear one 8.6, the serial server's 7.6. If the priority is honored, the shared
+expert's branch is dispatched first at every fork, and every step is a cheap one.
+
+- every server ready within 150 s;
+- the ``high`` servers: every regime's up-projection median at most ``CHEAP_FACTOR`` times the
+  serial server's at the same grid (no dear step), and without speculation a step period at most
+  ``HIDDEN_FACTOR`` times the serial one's (the shared expert hidden, not run in series);
+- speed, each with its paired interval: ``high@nospec`` over ``serial@nospec`` 1.05-1.14 (point
+  1.10); ``high`` 3/1/4 over ``serial`` 3/1/4 1.03-1.12 (1.07); ``high`` 3/1/4 over plain 3/1/4
+  1.15-1.30 (1.22); ``high`` 3/1/4 over ``high@nospec`` (its ``speedup_same_switch``: the
+  zero-acceptance η ceiling over the fastest baseline) 0.78-0.86 (0.82). ``high@nospec`` over the
+  stock baseline is recorded, not bounded: the baseline's own mix of cheap and dear stretches
+  decides it.
+
+Readings as in ``shared_stream_verdict.place``: "within", "above", "below", "point outside".
+
+    python -m sglang_ext_tools.stream_priority_verdict --bench speed.json --traces DIR \
+        [--out verdict.json]
+
+``DIR`` holds ``SERVER.trace.json.gz`` per server (the pipeline's ``slim-traces.tgz``, unpacked).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from sglang_ext_tools.bench_speed import over_own_baselines
+from sglang_ext_tools.moe_regimes import load_trace, regimes, up_grid
+from sglang_ext_tools.server_mode_verdict import cli, ready_within, verdict_head
+from sglang_ext_tools.shared_stream_verdict import place
+
+KERNEL = "fused_moe_kernel"
+ROLES = {
+    "baseline": "nospec",
+    "plain": "spec-3-1-4",
+    "high": "spec-3-1-4-high",
+    "high_nospec": "nospec-high",
+    "serial_nospec": "nospec-serial",
+    "serial": "spec-3-1-4-serial",
+}
+CHEAP_FACTOR = 1.15
+HIDDEN_FACTOR = 0.95
+# name: (numerator role, denominator role), (low, high, point); None: recorded, not bounded
+SPEED = {
+    "high_nospec_over_serial_nospec": (("high_nospec", "serial_nospec"), (1.05, 1.14, 1.10)),
+    "high_over_serial": (("high", "serial"), (1.03, 1.12, 1.07)),
+    "high_over_plain": (("high", "plain"), (1.15, 1.30, 1.22)),
+    "high_over_high_nospec": (("high", "high_nospec"), (0.78, 0.86, 0.82)),
+    "high_nospec_over_baseline": (("high_nospec", "baseline"), None),
+}
+
+
+def read_regimes(traces: Path, server: str) -> dict[str, Any] | None:
+    """``moe_regimes`` on SERVER's trace at its up-projection's grid; None without a trace."""
+    path = traces / f"{server}.trace.json.gz"
+    if not path.is_file():
+        return None
+    try:
+        trace = load_trace(path)
+        return regimes(trace, KERNEL, up_grid(trace, KERNEL))
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from exc
+
+
+def ratio(
+    bench: Mapping[str, Any], first: str, second: str
+) -> tuple[float | None, list[float] | None]:
+    """first's speed over second's at batch 1, each over its own group's baseline (the stock
+    baseline itself: its own speedup, 1)."""
+    group_of = {n: g for g, names in enumerate(bench.get("groups") or []) for n in names}
+    ms = bench.get("measurements", [])
+    if second == "nospec":
+        row = next(
+            (r for r in bench.get("rows", []) if r["server"] == first and r["batch"] == 1), None
+        )
+        return (row or {}).get("speedup"), (row or {}).get("speedup_ci95")
+    if first not in group_of or second not in group_of:
+        return None, None
+    return over_own_baselines(ms, (first, group_of[first]), (second, group_of[second]))
+
+
+def _cheap(read: Mapping[str, Any] | None, serial: Mapping[str, Any] | None) -> bool | None:
+    if read is None or serial is None or read["grid"] != serial["grid"]:
+        return None
+    clear = max(r["kernel_median_us"] for r in serial["regimes"].values())
+    return all(r["kernel_median_us"] <= CHEAP_FACTOR * clear for r in read["regimes"].values())
+
+
+def _period(read: Mapping[str, Any] | None) -> float | None:
+    """The slowest regime's median step period: a server hides the shared expert only where
+    every stretch of its steps does."""
+    if read is None:
+        return None
+    periods = [
+        r["step_period_median_ms"]
+        for r in read["regimes"].values()
+        if r["step_period_median_ms"] is not None
+    ]
+    return max(periods) if periods else None
+
+
+def verdict(
+    bench: Mapping[str, Any], traces: Path, roles: Mapping[str, str], where: str
+) -> dict[str, Any]:
+    if not traces.is_dir():
+        raise FileNotFoundError(f"--traces {traces}: no such folder")
+    servers = {s["name"]: s for s in bench.get("servers", [])}
+    reads = {r: read_regimes(traces, n) if n in servers else None for r, n in roles.items()}
+    high_period, serial_period = _period(reads["high_nospec"]), _period(reads["serial_nospec"])
+    checks = {
+        "high_nospec_no_dear_step": _cheap(reads["high_nospec"], reads["serial_nospec"]),
+        "high_verify_no_dear_step": _cheap(reads["high"], reads["serial"]),
+        "high_nospec_hides_the_shared_expert": None
+        if high_period is None or serial_period is None
+        else high_period <= HIDDEN_FACTOR * serial_period,
+    }
+    speed = {}
+    for name, ((a, b), bounds) in SPEED.items():
+        point, ci = ratio(bench, roles[a], roles[b])
+        speed[name] = {
+            "servers": [roles[a], roles[b]],
+            "ratio": point,
+            "ci95": ci,
+            "registered": None
+            if bounds is None
+            else {"low": bounds[0], "high": bounds[1], "point": bounds[2]},
+            "reading": "recorded" if bounds is None else place(point, ci, *bounds[:2]),
+        }
+    return {
+        **verdict_head(bench, where, roles),
+        "bounds": {"cheap_factor": CHEAP_FACTOR, "hidden_factor": HIDDEN_FACTOR},
+        "ready_within_150s": ready_within([s.get("ready_after_s") for s in servers.values()]),
+        "regimes": reads,
+        "step_period_ms": {"high_nospec": high_period, "serial_nospec": serial_period},
+        "checks": checks,
+        "speed": speed,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return cli(argv, __doc__.split("\n\n")[0], "stream_priority_verdict", verdict, traces=True,
+               roles=ROLES)  # fmt: skip
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
