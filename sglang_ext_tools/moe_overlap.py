@@ -159,12 +159,29 @@ def slim(trace: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="moe_overlap", description=__doc__.split("\n\n")[0])
+def trace_parser(prog: str, description: str, grid_default: int | None) -> argparse.ArgumentParser:
+    """The command line of a tool that reads one kernel at one grid in a profile trace:
+    ``--trace``, ``--kernel``, ``--grid`` and ``--out`` (moe_overlap, moe_regimes)."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("--trace", type=Path, required=True, help="a profile trace (.json or .json.gz)")
     p.add_argument("--kernel", default="fused_moe_kernel", help="a substring of the kernel name")
-    p.add_argument("--grid", type=int, default=128, help="the launch grid's x (y = z = 1)")
+    p.add_argument("--grid", type=int, default=grid_default,
+                   help="the launch grid's x (y = z = 1)")  # fmt: skip
     p.add_argument("--out", type=Path, help="also write the result here (never overwritten)")
+    return p
+
+
+def check_paths(p: argparse.ArgumentParser, trace: Path, *outputs: Path | None) -> None:
+    """Stop naming an output that exists (never written over) or a trace that does not."""
+    for path in outputs:
+        if path and path.exists():
+            p.error(f"{path}: exists; not overwriting it")
+    if not trace.is_file():
+        p.error(f"--trace {trace}: no such file")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = trace_parser("moe_overlap", __doc__.split("\n\n")[0], 128)
     p.add_argument("--slim", type=Path, help="write the slim trace here (never overwritten)")
     p.add_argument(
         "--slim-only",
@@ -174,11 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.slim_only and not args.slim:
         p.error("--slim-only needs --slim")
-    for path in (args.out, args.slim):
-        if path and path.exists():
-            p.error(f"{path}: exists; not overwriting it")
-    if not args.trace.is_file():
-        p.error(f"--trace {args.trace}: no such file")
+    check_paths(p, args.trace, args.out, args.slim)
     trace = load_trace(args.trace)
     if args.slim_only:
         write_slim(trace, args.slim)

@@ -20,17 +20,19 @@ and the runs of consecutive steps.
 
     python -m sglang_ext_tools.moe_regimes --trace T.trace.json.gz [--grid GRID] \
         [--kernel fused_moe_kernel] [--out regimes.json]
+
+Without ``--grid``, the up-projection's grid as ``up_grid`` reads it (128 at one token, 544 at
+the tenth run's six).
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from sglang_ext_tools.json_out import emit
+from sglang_ext_tools.moe_overlap import check_paths, trace_parser
 from sglang_ext_tools.trace_breakdown import group_kernels, load_trace
 
 # two clusters of step medians count as two regimes only this far apart (the modes seen so far:
@@ -136,20 +138,13 @@ def regimes(trace: Mapping[str, Any], kernel: str, grid: int) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="moe_regimes", description=__doc__.split("\n\n")[0])
-    p.add_argument("--trace", type=Path, required=True, help="a profile trace (.json or .json.gz)")
-    p.add_argument("--kernel", default="fused_moe_kernel", help="a substring of the kernel name")
-    p.add_argument("--grid", type=int, default=128, help="the launch grid's x (y = z = 1)")
-    p.add_argument("--out", type=Path, help="also write the result here (never overwritten)")
+    p = trace_parser("moe_regimes", __doc__.split("\n\n")[0], None)
     args = p.parse_args(argv)
-    if args.out and args.out.exists():
-        p.error(f"{args.out}: exists; not overwriting it")
-    if not args.trace.is_file():
-        p.error(f"--trace {args.trace}: no such file")
+    check_paths(p, args.trace, args.out)
     try:
-        result = {"trace": args.trace.name} | regimes(
-            load_trace(args.trace), args.kernel, args.grid
-        )
+        trace = load_trace(args.trace)
+        grid = args.grid if args.grid is not None else up_grid(trace, args.kernel)
+        result = {"trace": args.trace.name} | regimes(trace, args.kernel, grid)
     except ValueError as exc:
         p.exit(2, f"moe_regimes: {args.trace}: {exc}\n")
     return emit(result, args.out)

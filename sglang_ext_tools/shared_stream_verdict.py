@@ -104,16 +104,20 @@ def speed(rows: Sequence[Mapping[str, Any]], role: str, server: str) -> dict[str
     }
 
 
+def served(bench: Mapping[str, Any], traces: Path) -> dict[str, Mapping[str, Any]]:
+    """The run's servers by name, once its traces folder is there (named where it is not)."""
+    if not traces.is_dir():
+        raise FileNotFoundError(f"--traces {traces}: no such folder")
+    return {s["name"]: s for s in bench.get("servers", [])}
+
+
 def verdict(
     bench: Mapping[str, Any], traces: Path, roles: Mapping[str, str], where: str
 ) -> dict[str, Any]:
-    if not traces.is_dir():
-        raise FileNotFoundError(f"--traces {traces}: no such folder")
-    servers = {s["name"]: s for s in bench.get("servers", [])}
+    servers = served(bench, traces)
     grid = {r: ONE_TOKEN_GRID if r in ONE_TOKEN_ROLES else VERIFY_GRID for r in roles}
     reads = {
-        r: launches(traces, name, grid[r]) if name in servers else None
-        for r, name in roles.items()
+        r: launches(traces, name, grid[r]) if name in servers else None for r, name in roles.items()
     }
     base, plain = reads.get("baseline"), reads.get("plain")
     checks: dict[str, Any] = {

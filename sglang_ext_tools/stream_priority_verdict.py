@@ -39,7 +39,7 @@ from typing import Any
 from sglang_ext_tools.bench_speed import over_own_baselines
 from sglang_ext_tools.moe_regimes import load_trace, regimes, up_grid
 from sglang_ext_tools.server_mode_verdict import cli, ready_within, verdict_head
-from sglang_ext_tools.shared_stream_verdict import place
+from sglang_ext_tools.shared_stream_verdict import place, served
 
 KERNEL = "fused_moe_kernel"
 ROLES = {
@@ -114,9 +114,7 @@ def _period(read: Mapping[str, Any] | None) -> float | None:
 def verdict(
     bench: Mapping[str, Any], traces: Path, roles: Mapping[str, str], where: str
 ) -> dict[str, Any]:
-    if not traces.is_dir():
-        raise FileNotFoundError(f"--traces {traces}: no such folder")
-    servers = {s["name"]: s for s in bench.get("servers", [])}
+    servers = served(bench, traces)
     reads = {r: read_regimes(traces, n) if n in servers else None for r, n in roles.items()}
     high_period, serial_period = _period(reads["high_nospec"]), _period(reads["serial_nospec"])
     checks = {

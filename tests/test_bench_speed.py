@@ -24,25 +24,9 @@ ALL_SERVERS = {
     "nbrfalse-stock-5-1-6",
 }
 REQUIRED_KEYS = {
-    "schema_version",
-    "date",
-    "gpu",
-    "gpu_info",
-    "sglang_version",
-    "torch_version",
-    "sglang_ext_version",
-    "attention_backend",
-    "command",
-    "servers",
-    "settings",
-    "batches",
-    "max_new_tokens",
-    "rounds",
-    "rows",
-    "best",
-    "goals",
-    "measurements",
-    "fixtures",
+    "schema_version", "date", "gpu", "gpu_info", "sglang_version", "torch_version",
+    "sglang_ext_version", "attention_backend", "command", "servers", "settings", "batches",
+    "max_new_tokens", "rounds", "rows", "best", "goals", "measurements", "fixtures",
 }
 
 
@@ -100,18 +84,8 @@ def test_compare_setting_must_be_one_of_the_settings(prompts_file, capsys):
 
 def test_nbr_false_drafters_go_together_and_batches_are_sorted(prompts_file, capsys):
     with pytest.raises(SystemExit):
-        bs.parse_args(
-            [
-                "--target",
-                "T",
-                "--drafter",
-                "D",
-                "--prompts",
-                str(prompts_file),
-                "--drafter-nbr-false",
-                "N",
-            ]
-        )
+        bs.parse_args(["--target", "T", "--drafter", "D", "--prompts", str(prompts_file),
+                       "--drafter-nbr-false", "N"])
     assert "go together" in capsys.readouterr().err
     args = bs.parse_args(_argv(prompts_file, "--batches", "16", "1", "4", "4"))
     assert args.batches == [1, 4, 16]
@@ -132,10 +106,8 @@ def test_rotation_alternates_the_server_order_across_rounds():
     for first in (0, 2, 4):
         pair = [bs.rotate(names, first), bs.rotate(names, first + 1)]
         assert {sum(order.index(n) for order in pair) for n in names} == {len(names) - 1}
-        assert [o.index("plugin") < o.index("stock") for o in pair] in (
-            [True, False],
-            [False, True],
-        )
+        assert [o.index("plugin") < o.index("stock") for o in pair] in ([True, False],
+                                                                          [False, True])
     plan = bs.build_plan(["a", "b", "c"], [1, 4], rounds=3, waves=2, num_prompts=10)
     order = {}
     for entry in plan:
@@ -163,33 +135,13 @@ def test_same_prompts_per_round_and_batch_across_servers():
 # ------------------------------------------------------------------ aggregation
 
 
-def _m(
-    server,
-    batch,
-    rnd,
-    tok_s,
-    tokens=1024,
-    verify=None,
-    tpot=None,
-    errors=0,
-    status="ok",
-    ttft=None,
-    decode=None,
-):
+def _m(server, batch, rnd, tok_s, tokens=1024, verify=None, tpot=None, errors=0, status="ok",
+       ttft=None, decode=None):
     return {
-        "round": rnd,
-        "server": server,
-        "batch": batch,
-        "status": status,
-        "tokens": tokens,
-        "wall_s": tokens / tok_s if tok_s else None,
-        "tok_s": tok_s,
-        "tpot_ms": tpot,
-        "ttft_ms": ttft,
-        "verify": verify,
-        "verify_tokens": tokens if verify else 0,
-        "errors": errors,
-        "decode_s": decode,
+        "round": rnd, "server": server, "batch": batch, "status": status, "tokens": tokens,
+        "wall_s": tokens / tok_s if tok_s else None, "tok_s": tok_s, "tpot_ms": tpot,
+        "ttft_ms": ttft, "verify": verify, "verify_tokens": tokens if verify else 0,
+        "errors": errors, "decode_s": decode,
     }
 
 
@@ -233,10 +185,8 @@ def test_aggregate_median_and_pooled_tau():
 
 def _row(rows, drafter, setting, batch):
     found = [
-        r
-        for r in rows
-        if r["drafter"] == drafter
-        and (r["steps"], r["topk"], r["draft_tokens"]) == setting
+        r for r in rows
+        if r["drafter"] == drafter and (r["steps"], r["topk"], r["draft_tokens"]) == setting
         and r["batch"] == batch
     ]
     assert len(found) == 1, (drafter, setting, batch)
@@ -265,11 +215,8 @@ def test_rows_speedup_eta_plugin_vs_stock_best_and_goals():
     old = bs.build_rows(bs.aggregate(_measurements()), SPECS, [1], STATUSES, schema_version=1)
     assert _row(old, bs.MAIN, (3, 1, 4), 1)["decode_speedup"] == 2.0
     assert _row(rows, bs.MAIN, (5, 1, 6), 1)["decode_speedup"] is None
-    assert [x["speedup"] for x in r["rounds"]] == [
-        2.5,
-        pytest.approx(2.6667, abs=1e-4),
-        pytest.approx(2.3077, abs=1e-4),
-    ]
+    assert [x["speedup"] for x in r["rounds"]] == [2.5, pytest.approx(2.6667, abs=1e-4),
+                                                   pytest.approx(2.3077, abs=1e-4)]
     assert r["status"] == "ok"
     assert _row(rows, bs.MAIN, (3, 1, 4), 4)["speedup"] == 3.0
     assert _row(rows, bs.MAIN, (3, 1, 4), 4)["errors"] == 3
@@ -335,22 +282,10 @@ def test_a_pair_cut_inside_a_round_is_compared_on_the_rounds_both_finished():
 
 def test_summarize_measurement_from_request_results():
     results = [
-        RequestResult(
-            0,
-            True,
-            completion_tokens=256,
-            tpot_s=0.004,
-            ttft_s=0.1,
-            acceptance=Acceptance(verify_steps=100),
-        ),
-        RequestResult(
-            1,
-            True,
-            completion_tokens=256,
-            tpot_s=0.006,
-            ttft_s=0.2,
-            acceptance=Acceptance(verify_steps=60),
-        ),
+        RequestResult(0, True, completion_tokens=256, tpot_s=0.004, ttft_s=0.1,
+                      acceptance=Acceptance(verify_steps=100)),
+        RequestResult(1, True, completion_tokens=256, tpot_s=0.006, ttft_s=0.2,
+                      acceptance=Acceptance(verify_steps=60)),
         RequestResult(2, False, error="HTTP 500"),
     ]
     m = bs.summarize_measurement(results, 2.0)
@@ -369,39 +304,15 @@ def test_summarize_measurement_from_request_results():
 
 
 def _result():
-    meta = {
-        "date": "2026-12-01T00:00:00+00:00",
-        "gpu": "NVIDIA H200",
-        "gpu_info": {},
-        "sglang_version": "0.5.17",
-        "torch_version": "2.9",
-        "sglang_ext_version": "0.1.0",
-        "attention_backend": "triton",
-        "command": "bench_speed.py",
-        "settings": [],
-        "batches": [1, 4],
-        "max_new_tokens": 256,
-        "rounds": 3,
-    }
+    meta = {"date": "2026-12-01T00:00:00+00:00", "gpu": "NVIDIA H200", "gpu_info": {},
+            "sglang_version": "0.5.17", "torch_version": "2.9", "sglang_ext_version": "0.1.0",
+            "attention_backend": "triton", "command": "bench_speed.py", "settings": [],
+            "batches": [1, 4], "max_new_tokens": 256, "rounds": 3}
     servers = [{"name": n, "status": s} for n, s in STATUSES.items()]
-    manifest = {
-        "scale": "full",
-        "drafters": {
-            "d": {
-                "params": 5,
-                "train": {"history": [{"loss": 9.0}, {"loss": 1.5}]},
-                "reference": {"tau": 2.1, "per_prompt": list(range(99))},
-            }
-        },
-    }
-    return bs.build_result(
-        meta,
-        servers,
-        _measurements(),
-        SPECS,
-        (5, 1, 6),
-        bs.summarize_fixtures(manifest, "fixtures.json"),
-    )
+    manifest = {"scale": "full", "drafters": {"d": {"params": 5, "train": {"history": [
+        {"loss": 9.0}, {"loss": 1.5}]}, "reference": {"tau": 2.1, "per_prompt": list(range(99))}}}}
+    return bs.build_result(meta, servers, _measurements(), SPECS, (5, 1, 6),
+                           bs.summarize_fixtures(manifest, "fixtures.json"))
 
 
 def test_result_json_has_the_required_keys(tmp_path):
@@ -412,9 +323,7 @@ def test_result_json_has_the_required_keys(tmp_path):
     assert data["best"]["speedup"] == 2.9 and data["goals"]["speedup_ge_2_5"] is True
     assert len(data["measurements"]) == len(_measurements())
     assert data["fixtures"]["drafters"]["d"] == {
-        "params": 5,
-        "train": {"final_loss": 1.5},
-        "reference": {"tau": 2.1},
+        "params": 5, "train": {"final_loss": 1.5}, "reference": {"tau": 2.1}
     }
     table = bs.format_table(data["rows"])
     assert table.splitlines()[0].split()[:4] == ["backend", "drafter", "setting", "b"]
@@ -476,7 +385,9 @@ def test_dry_run_prints_servers_and_plan_and_starts_nothing(prompts_file, capsys
     assert out["warmup"] == [{"requests": 2, "concurrency": 1}, {"requests": 4, "concurrency": 4}]
 
 
-def test_main_with_fake_servers_writes_partial_results(prompts_file, tmp_path, monkeypatch, capsys):
+def test_main_with_fake_servers_writes_partial_results(
+    prompts_file, tmp_path, monkeypatch, capsys
+):
     """Full main(): one server fails to start, the others are measured through a fake
     request runner; the JSON is still written, with the failure and its log tail."""
 
@@ -487,13 +398,8 @@ def test_main_with_fake_servers_writes_partial_results(prompts_file, tmp_path, m
             s.log_path.write_text("".join(f"line {k}\n" for k in range(40)) + "ValueError: x\n")
         return {s.name: s.status for s in servers}
 
-    speed = {
-        "nospec": 100.0,
-        "spec-3-1-4": 250.0,
-        "spec-5-1-6": 280.0,
-        "nbrfalse-plugin-5-1-6": 200.0,
-        "nbrfalse-stock-5-1-6": 202.0,
-    }
+    speed = {"nospec": 100.0, "spec-3-1-4": 250.0, "spec-5-1-6": 280.0,
+             "nbrfalse-plugin-5-1-6": 200.0, "nbrfalse-stock-5-1-6": 202.0}
     calls = []
 
     def fake_run(server, prompts, concurrency, max_new_tokens):
@@ -505,24 +411,9 @@ def test_main_with_fake_servers_writes_partial_results(prompts_file, tmp_path, m
     monkeypatch.setattr(Server, "alive", lambda self: True)
     monkeypatch.setattr(bs, "gpu_info", lambda: {"name": "FakeGPU"})
     out_json, out_png = tmp_path / "r.json", tmp_path / "r.png"
-    rc = bs.main(
-        _argv(
-            prompts_file,
-            "--batches",
-            "1",
-            "2",
-            "--rounds",
-            "2",
-            "--max-new-tokens",
-            "64",
-            "--log-dir",
-            str(tmp_path / "logs"),
-            "--out-json",
-            str(out_json),
-            "--out-png",
-            str(out_png),
-        )
-    )
+    rc = bs.main(_argv(prompts_file, "--batches", "1", "2", "--rounds", "2", "--max-new-tokens",
+                       "64", "--log-dir", str(tmp_path / "logs"), "--out-json", str(out_json),
+                       "--out-png", str(out_png)))
     assert rc == 1  # a server failed
     data = json.loads(out_json.read_text())
     assert REQUIRED_KEYS <= set(data)
@@ -534,7 +425,7 @@ def test_main_with_fake_servers_writes_partial_results(prompts_file, tmp_path, m
     assert "spec-4-4-8: ValueError: x" in capsys.readouterr().err.splitlines()
     # warm-up: 2 at batch 1 and one wave at the largest batch, per ready server
     assert calls[:2] == [("nospec", 2, 1), ("nospec", 2, 2)]
-    timed = calls[2 * 5 :]
+    timed = calls[2 * 5:]
     assert len(timed) == 2 * 5 * 2  # rounds x ready servers x batches
     assert ("nospec", 64, 1) in timed and ("spec-3-1-4", 4, 2) in timed
     row = _row(data["rows"], bs.MAIN, (3, 1, 4), 1)
@@ -631,25 +522,9 @@ def test_a_run_lost_mid_way_leaves_the_measurements_that_finished_on_disk(
     monkeypatch.setattr(bs, "gpu_info", lambda: {"name": "FakeGPU"})
     out_json = tmp_path / "r.json"
     argv = [
-        "--target",
-        "T",
-        "--drafter",
-        "D",
-        "--prompts",
-        str(prompts_file),
-        "--settings",
-        "3,1,4",
-        "--batches",
-        "1",
-        "--rounds",
-        "4",
-        "--batch1-requests",
-        "8",
-        "--max-new-tokens",
-        "64",
-        "--log-dir",
-        str(tmp_path / "logs"),
-        "--out-json",
+        "--target", "T", "--drafter", "D", "--prompts", str(prompts_file), "--settings",
+        "3,1,4", "--batches", "1", "--rounds", "4", "--batch1-requests", "8",
+        "--max-new-tokens", "64", "--log-dir", str(tmp_path / "logs"), "--out-json",
         str(out_json),
     ]
     with pytest.raises(_MachineLost):
@@ -658,9 +533,7 @@ def test_a_run_lost_mid_way_leaves_the_measurements_that_finished_on_disk(
     data = json.loads(out_json.read_text())
     assert data["partial"] == "3 of 8 measurements"
     assert [(m["server"], m["round"]) for m in data["measurements"]] == [
-        ("nospec", 0),
-        ("spec-3-1-4", 0),
-        ("spec-3-1-4", 1),
+        ("nospec", 0), ("spec-3-1-4", 0), ("spec-3-1-4", 1),
     ]
     row = _row(data["rows"], bs.MAIN, (3, 1, 4), 1)
     assert row["speedup"] == 2.5 and row["tau"] == 4.0
@@ -694,10 +567,8 @@ def test_groups_keep_the_baseline_up_and_the_nbr_pair_together():
 
 def test_groups_put_each_variant_beside_the_main_server_at_its_setting_where_room_allows():
     specs = bs.server_specs(
-        [(3, 1, 4), (5, 1, 6), (7, 1, 8)],
-        (3, 1, 4),
-        variants=[("glue", "A", "1"), ("planstream", "B", "1")],
-        no_overlap=[(5, 1, 6)],
+        [(3, 1, 4), (5, 1, 6), (7, 1, 8)], (3, 1, 4),
+        variants=[("glue", "A", "1"), ("planstream", "B", "1")], no_overlap=[(5, 1, 6)],
     )
     assert bs.plan_groups(specs, 5) == [
         ["nospec", "spec-3-1-4", "spec-3-1-4-glue", "spec-3-1-4-planstream"],
@@ -714,7 +585,8 @@ def test_groups_put_each_variant_beside_the_main_server_at_its_setting_where_roo
     ]  # fmt: skip
     # without a main server at its setting, a variant keeps its own place
     lone = bs.server_specs([(5, 1, 6)], None, no_overlap=[(3, 1, 4)])
-    assert bs.plan_groups(lone, 2) == [["nospec", "spec-5-1-6"], ["nospec", "spec-3-1-4-nooverlap"]]
+    assert bs.plan_groups(lone, 2) == [["nospec", "spec-5-1-6"],
+                                       ["nospec", "spec-3-1-4-nooverlap"]]
 
 
 def test_at_once_errors_name_the_flag(prompts_file, capsys):
@@ -839,18 +711,8 @@ def test_speed_fixture_manifest_is_summarized_per_stage():
 
 
 RESULTS = Path(__file__).resolve().parent / "gpu" / "results"
-ROW_KEYS = {
-    "batch",
-    "steps",
-    "topk",
-    "draft_tokens",
-    "nospec_tok_s",
-    "spec_tok_s",
-    "tau",
-    "speedup",
-    "eta",
-    "plugin_vs_stock",
-}
+ROW_KEYS = {"batch", "steps", "topk", "draft_tokens", "nospec_tok_s", "spec_tok_s", "tau",
+            "speedup", "eta", "plugin_vs_stock"}
 
 
 @pytest.mark.parametrize("path", sorted(RESULTS.glob("speed-20*-*.json")), ids=lambda p: p.name)
@@ -860,7 +722,6 @@ def test_committed_speed_results_are_self_consistent(path):
     data = json.loads(path.read_text())
     assert {"date", "gpu", "sglang_version", "rows", "measurements", "command"} <= set(data)
     assert data["gpu"] and data["sglang_version"] and data["rows"]
-
     def recomputed(group):  # a grouped run times each group against its own baseline
         return bs.aggregate([m for m in data["measurements"] if m.get("group", 0) == group])
 
@@ -901,7 +762,8 @@ def test_committed_speed_results_are_self_consistent(path):
             # a variant read across groups (vs_setting_across_groups, 2026-12-07) has its
             # vs_setting from measurements the run already had
             if again.get("vs_setting_method") == bs.VS_SETTING_ACROSS:
-                added -= {"vs_setting_server", "vs_setting", "vs_setting_ci95", "vs_setting_method"}
+                added -= {"vs_setting_server", "vs_setting", "vs_setting_ci95",
+                          "vs_setting_method"}
             assert all(again[k] is None for k in added), added
         fresh["rows"] = [
             {k: r[k] for k in row} for r, row in zip(fresh["rows"], data["rows"], strict=True)
@@ -961,21 +823,8 @@ def test_profile_server_asks_sglang_to_profile_and_reads_its_trace(tmp_path, mon
         monkeypatch.setattr(bs, "_run", run)
         monkeypatch.setattr(bs, "GpuWatch", Watch)
         monkeypatch.setattr(bs.time, "sleep", lambda s: None)
-        args = bs.parse_args(
-            [
-                "--target",
-                "t",
-                "--drafter",
-                "d",
-                "--prompts",
-                "p",
-                "--log-dir",
-                str(tmp_path),
-                "--profile",
-                "--profile-steps",
-                "7",
-            ]
-        )
+        args = bs.parse_args(["--target", "t", "--drafter", "d", "--prompts", "p",
+                              "--log-dir", str(tmp_path), "--profile", "--profile-steps", "7"])
         out = bs.profile_server(server, object(), args)
     finally:
         httpd.shutdown()
@@ -1006,18 +855,8 @@ def test_a_flag_variant_runs_the_main_drafter_with_that_server_argument():
     variant = specs[-1]
     assert variant["name"] == "spec-3-1-4-fp8draft" and variant["role"] == "variant"
     assert "env" not in variant
-    args = bs.parse_args(
-        [
-            "--target",
-            "t",
-            "--drafter",
-            "d",
-            "--prompts",
-            "p",
-            "--variant",
-            "fp8draft:--speculative-draft-model-quantization=fp8",
-        ]
-    )
+    args = bs.parse_args(["--target", "t", "--drafter", "d", "--prompts", "p",
+                          "--variant", "fp8draft:--speculative-draft-model-quantization=fp8"])
     assert args.variant == [parsed]
     server = bs.make_servers(specs, args)[-1]
     assert server.draft == "d" and server.env == {}
@@ -1036,44 +875,29 @@ def test_a_flag_variant_runs_the_main_drafter_with_that_server_argument():
     groups = bs.plan_groups(both, at_once=4)
     assert any({"spec-7-1-8", "spec-7-1-8-fp8long"} <= set(g) for g in groups)
     # still a server with the overlap scheduler on
-    rows = bs.build_rows(
-        {("nospec", 1): {"tok_s": 200.0}, ("spec-3-1-4-fp8draft", 1): {"tok_s": 400.0, "tau": 2.5}},
-        specs,
-        [1],
-    )
+    rows = bs.build_rows({("nospec", 1): {"tok_s": 200.0},
+                          ("spec-3-1-4-fp8draft", 1): {"tok_s": 400.0, "tau": 2.5}}, specs, [1])
     row = next(r for r in rows if r["server"] == "spec-3-1-4-fp8draft")
     assert row["overlap"] is True and row["drafter"].endswith("[fp8draft]")
 
 
 def test_variant_server_runs_the_main_drafter_with_its_env(capsys):
     assert bs.parse_variant("splitkv:SGLANG_EXT_SPLITKV_VERIFY=1") == (
-        "splitkv",
-        "SGLANG_EXT_SPLITKV_VERIFY",
-        "1",
+        "splitkv", "SGLANG_EXT_SPLITKV_VERIFY", "1"
     )
     with pytest.raises(argparse.ArgumentTypeError, match="LABEL:KEY=VALUE"):
         bs.parse_variant("SGLANG_EXT_SPLITKV_VERIFY=1")
-    specs = bs.server_specs(
-        [(3, 1, 4), (5, 1, 6)], (5, 1, 6), [("splitkv", "SGLANG_EXT_SPLITKV_VERIFY", "1")]
-    )
+    specs = bs.server_specs([(3, 1, 4), (5, 1, 6)], (5, 1, 6),
+                            [("splitkv", "SGLANG_EXT_SPLITKV_VERIFY", "1")])
     variant = specs[-1]
     assert variant["name"] == "spec-5-1-6-splitkv" and variant["setting"] == (5, 1, 6)
-    args = bs.parse_args(
-        [
-            "--target",
-            "t",
-            "--drafter",
-            "d",
-            "--prompts",
-            "p",
-            "--variant",
-            "splitkv:SGLANG_EXT_SPLITKV_VERIFY=1",
-        ]
-    )
+    args = bs.parse_args(["--target", "t", "--drafter", "d", "--prompts", "p",
+                          "--variant", "splitkv:SGLANG_EXT_SPLITKV_VERIFY=1"])
     servers = bs.make_servers(specs, args)
     assert servers[-1].draft == "d"
     assert servers[-1].env == {"SGLANG_EXT_SPLITKV_VERIFY": "1"}
-    agg = {("nospec", 1): {"tok_s": 200.0}, ("spec-5-1-6-splitkv", 1): {"tok_s": 500.0, "tau": 3.0}}
+    agg = {("nospec", 1): {"tok_s": 200.0}, ("spec-5-1-6-splitkv", 1): {"tok_s": 500.0,
+                                                                        "tau": 3.0}}
     rows = [r for r in bs.build_rows(agg, specs, [1]) if r["server"] == "spec-5-1-6-splitkv"]
     assert rows[0]["drafter"] == "speculators (plugin) [splitkv]"
     assert rows[0]["speedup"] == 2.5 and rows[0]["eta"] == pytest.approx(0.8333, 1e-3)
@@ -1097,29 +921,18 @@ def test_larger_batches_pair_rounds():
     assert method == "paired rounds, bootstrap" and ci[0] <= 1.5 <= ci[1]
 
 
-def test_noise_measures_the_no_speculation_server_again_without_a_second_server(
-    prompts_file, capsys
-):
+def test_noise_measures_the_no_speculation_server_again_without_a_second_server(prompts_file,
+                                                                                 capsys):
     assert bs.main(_argv(prompts_file, "--noise", "--dry-run")) == 0
     dry = json.loads(capsys.readouterr().out)
     assert [s["name"] for s in dry["servers"]].count("nospec") == 1
     assert "nospec-again" not in [s["name"] for s in dry["servers"]]
     assert {e["server"] for e in dry["plan"]} >= {"nospec", "nospec-again"}
     specs = bs.server_specs([(3, 1, 4)], None, noise=True)
-    agg = {
-        ("nospec", 1): {
-            "tok_s": 100.0,
-            "tok_s_rounds": {0: 100.0},
-            "latency_rounds": [[1.0, 1.1, 0.9]],
-            "tau": None,
-        },
-        ("nospec-again", 1): {
-            "tok_s": 101.0,
-            "tok_s_rounds": {0: 101.0},
-            "latency_rounds": [[1.0, 1.0, 1.0]],
-            "tau": None,
-        },
-    }
+    agg = {("nospec", 1): {"tok_s": 100.0, "tok_s_rounds": {0: 100.0},
+                           "latency_rounds": [[1.0, 1.1, 0.9]], "tau": None},
+           ("nospec-again", 1): {"tok_s": 101.0, "tok_s_rounds": {0: 101.0},
+                                 "latency_rounds": [[1.0, 1.0, 1.0]], "tau": None}}
     [noise] = [r for r in bs.build_rows(agg, specs, [1]) if r["drafter"] == bs.NOISE]
     # the prompts' times paired and summed (3.0 against 3.0), not tok/s (101 / 100)
     assert noise["speedup"] == 1.0 and noise["steps"] is None
@@ -1129,34 +942,14 @@ def test_noise_measures_the_no_speculation_server_again_without_a_second_server(
 
 def test_merge_puts_backends_side_by_side_and_never_overwrites(tmp_path):
     def run(backend, speedup):
-        row = {
-            "backend": None,
-            "batch": 1,
-            "steps": 3,
-            "topk": 1,
-            "draft_tokens": 4,
-            "drafter": bs.MAIN,
-            "nospec_tok_s": 100.0,
-            "spec_tok_s": 100.0 * speedup,
-            "tau": 3.0,
-            "speedup": speedup,
-            "eta": speedup / 3,
-            "plugin_vs_stock": None,
-            "speedup_ci95": [speedup - 0.1, speedup + 0.1],
-            "spec_tpot_ms": 1.0,
-            "status": "ok",
-        }
+        row = {"backend": None, "batch": 1, "steps": 3, "topk": 1, "draft_tokens": 4,
+               "drafter": bs.MAIN, "nospec_tok_s": 100.0, "spec_tok_s": 100.0 * speedup,
+               "tau": 3.0, "speedup": speedup, "eta": speedup / 3, "plugin_vs_stock": None,
+               "speedup_ci95": [speedup - 0.1, speedup + 0.1], "spec_tpot_ms": 1.0,
+               "status": "ok"}
         path = tmp_path / f"{backend}.json"
-        path.write_text(
-            json.dumps(
-                {
-                    "attention_backend": backend,
-                    "batches": [1],
-                    "rows": [row],
-                    "compare_setting": None,
-                }
-            )
-        )
+        path.write_text(json.dumps({"attention_backend": backend, "batches": [1], "rows": [row],
+                                    "compare_setting": None}))
         return path
 
     out = tmp_path / "matrix.json"
@@ -1172,53 +965,27 @@ def test_merge_puts_backends_side_by_side_and_never_overwrites(tmp_path):
 def test_merge_judges_plugin_vs_stock_on_every_backend():
     def run(backend, pvs=None, ci=None):
         def row(drafter, value):
-            return {
-                "backend": None,
-                "batch": 1,
-                "steps": 3,
-                "topk": 1,
-                "draft_tokens": 4,
-                "drafter": drafter,
-                "speedup": 2.0,
-                "eta": 0.7,
-                "tau": 2.8,
-                "plugin_vs_stock": value,
-                "plugin_vs_stock_ci95": ci if value else None,
-            }
+            return {"backend": None, "batch": 1, "steps": 3, "topk": 1, "draft_tokens": 4,
+                    "drafter": drafter, "speedup": 2.0, "eta": 0.7, "tau": 2.8,
+                    "plugin_vs_stock": value, "plugin_vs_stock_ci95": ci if value else None}
 
         rows = [row(bs.MAIN, None)]
         if pvs is not None:
             rows += [row(bs.NBR_PLUGIN, pvs), row(bs.NBR_STOCK, pvs)]
-        return {
-            "attention_backend": backend,
-            "batches": [1],
-            "rows": rows,
-            "compare_setting": [3, 1, 4],
-        }
+        return {"attention_backend": backend, "batches": [1], "rows": rows,
+                "compare_setting": [3, 1, 4]}
 
     fa3, triton = run("fa3", 0.989, [0.983, 0.993]), run("triton", 0.97, [0.96, 0.98])
     goals = bs.merge_results([fa3, triton])["goals"]
     assert goals["plugin_vs_stock_by_backend"] == {
-        "fa3": {
-            "batch": 1,
-            "plugin_vs_stock": 0.989,
-            "plugin_vs_stock_ci95": [0.983, 0.993],
-            "pass": True,
-        },
-        "triton": {
-            "batch": 1,
-            "plugin_vs_stock": 0.97,
-            "plugin_vs_stock_ci95": [0.96, 0.98],
-            "pass": False,
-        },
+        "fa3": {"batch": 1, "plugin_vs_stock": 0.989, "plugin_vs_stock_ci95": [0.983, 0.993],
+                "pass": True},
+        "triton": {"batch": 1, "plugin_vs_stock": 0.97, "plugin_vs_stock_ci95": [0.96, 0.98],
+                   "pass": False},
     }
     assert goals["plugin_vs_stock_ge_0_99"] is False  # one backend shown below 0.99
-    assert (
-        bs.merge_results([fa3, run("triton", 1.0, [0.99, 1.01])])["goals"][
-            "plugin_vs_stock_ge_0_99"
-        ]
-        is True
-    )
+    assert bs.merge_results([fa3, run("triton", 1.0, [0.99, 1.01])])["goals"][
+        "plugin_vs_stock_ge_0_99"] is True
     # a backend without the pair: the goal is not known, whatever fa3 says
     partial = bs.merge_results([fa3, run("flashinfer")])["goals"]
     assert set(partial["plugin_vs_stock_by_backend"]) == {"fa3"}
@@ -1265,8 +1032,7 @@ def test_no_overlap_server_runs_its_setting_with_the_overlap_scheduler_off(promp
     ]
     rows = bs.build_rows(bs.aggregate(ms), args.specs[:2] + [spec], [1])
     assert [(r["server"], r["overlap"]) for r in rows] == [
-        ("spec-3-1-4", True),
-        ("spec-3-1-4-nooverlap", False),
+        ("spec-3-1-4", True), ("spec-3-1-4-nooverlap", False)
     ]
     # the variant against the plain server at its setting; the plain row has no such key
     assert "vs_setting" not in rows[0]
@@ -1298,28 +1064,13 @@ def test_rows_say_each_drafters_draft_vocabulary(prompts_file, tmp_path):
     ):
         d.mkdir()
         (d / "config.json").write_text(json.dumps(cfg))
-    argv = [
-        "--target",
-        "T",
-        "--drafter",
-        str(reduced),
-        "--prompts",
-        str(prompts_file),
-        "--drafter-nbr-false",
-        str(full),
-        "--drafter-nbr-false-sglang",
-        str(converted),
-        "--settings",
-        "5,1,6",
-    ]
+    argv = ["--target", "T", "--drafter", str(reduced), "--prompts", str(prompts_file),
+            "--drafter-nbr-false", str(full), "--drafter-nbr-false-sglang", str(converted),
+            "--settings", "5,1,6"]
     args = bs.parse_args(argv)
     vocab = {s["name"]: s["draft_vocab"] for s in args.specs}
-    assert vocab == {
-        "nospec": None,
-        "spec-5-1-6": 32000,
-        "nbrfalse-plugin-5-1-6": 8192,
-        "nbrfalse-stock-5-1-6": 32000,
-    }
+    assert vocab == {"nospec": None, "spec-5-1-6": 32000, "nbrfalse-plugin-5-1-6": 8192,
+                     "nbrfalse-stock-5-1-6": 32000}
     rows = bs.build_rows(bs.aggregate(_measurements()), args.specs, [1])
     assert {r["server"]: r["draft_vocab"] for r in rows}["spec-5-1-6"] == 32000
     assert bs.draft_vocab(tmp_path / "missing") is None and bs.draft_vocab(None) is None
@@ -1329,62 +1080,36 @@ def test_cycle_breakdown_takes_kernels_from_the_trace_and_the_cycle_from_the_tim
     # traced: the host runs slow under the profiler (idle 6 ms of a 15 ms cycle); timed: the
     # baseline decodes 200 tok/s (5 ms a step) and the chain 360 tok/s at tau 2.4 (6.667 ms)
     profiles = {
-        "nospec": {
-            "per_cycle_ms": {
-                "total": 10.0,
-                "target_graph_kernels": 4.6,
-                "other_kernels": 0.25,
-                "gpu_idle": 5.15,
-            }
-        },
+        "nospec": {"per_cycle_ms": {"total": 10.0, "target_graph_kernels": 4.6,
+                                    "other_kernels": 0.25, "gpu_idle": 5.15}},
         "spec-3-1-4": {
-            "per_cycle_ms": {
-                "total": 15.0,
-                "target_graph_kernels": 4.9,
-                "drafter_graph_kernels": 0.75,
-                "other_kernels": 0.3,
-                "gpu_idle": 9.05,
-            },
-            "kernel_families": {
-                "target_graph": {
-                    "flash_attention": {"calls_per_cycle": 96.0},
-                    "merge_state": {"calls_per_cycle": 0.0},
-                }
-            },
+            "per_cycle_ms": {"total": 15.0, "target_graph_kernels": 4.9,
+                             "drafter_graph_kernels": 0.75, "other_kernels": 0.3,
+                             "gpu_idle": 9.05},
+            "kernel_families": {"target_graph": {"flash_attention": {"calls_per_cycle": 96.0},
+                                                 "merge_state": {"calls_per_cycle": 0.0}}},
         },
         "spec-5-1-6": {"per_cycle_ms": {"total": 16.0, "target_graph_kernels": 4.9}},
         "spec-4-4-8": {"error": "no trace"},
     }
     rows = [
-        {
-            "server": "spec-3-1-4",
-            "batch": 1,
-            "nospec_tok_s": 200.0,
-            "spec_tok_s": 360.0,
-            "tau": 2.4,
-            "overlap": True,
-        },
-        {"server": "spec-3-1-4", "batch": 4, "nospec_tok_s": 700.0, "spec_tok_s": 1.0, "tau": 2.4},
-        {
-            "server": "spec-5-1-6",
-            "batch": 1,
-            "nospec_tok_s": 200.0,
-            "spec_tok_s": None,
-            "tau": None,
-        },  # not measured: no cycle, so no split
+        {"server": "spec-3-1-4", "batch": 1, "nospec_tok_s": 200.0, "spec_tok_s": 360.0,
+         "tau": 2.4, "overlap": True},
+        {"server": "spec-3-1-4", "batch": 4, "nospec_tok_s": 700.0, "spec_tok_s": 1.0,
+         "tau": 2.4},
+        {"server": "spec-5-1-6", "batch": 1, "nospec_tok_s": 200.0, "spec_tok_s": None,
+         "tau": None},  # not measured: no cycle, so no split
     ]
     out = bs.cycle_breakdown(profiles, SPECS, rows)
-    assert out["baseline"] == {
-        "profiled_step_ms": 10.0,
-        "target_graph_ms": 4.6,
-        "other_kernels_ms": 0.25,
-    }
+    assert out["baseline"] == {"profiled_step_ms": 10.0, "target_graph_ms": 4.6,
+                               "other_kernels_ms": 0.25}
     chain = out["servers"]["spec-3-1-4"]
     assert chain["setting"] == "3,1,4" and chain["overlap"] is True
     assert chain["decode_step_ms"] == 5.0 and chain["cycle_ms"] == pytest.approx(6.667)
     steps = chain["decode_steps"]
     assert steps["total"] == pytest.approx(2.4 / 1.8, abs=1e-4)  # = the row's tau / speedup
-    assert (steps["target_verify"], steps["drafter"], steps["other_kernels"]) == (0.98, 0.15, 0.06)
+    assert (steps["target_verify"], steps["drafter"], steps["other_kernels"]) == (
+        0.98, 0.15, 0.06)
     assert steps["host"] == pytest.approx((6.6667 - 5.95) / 5.0, abs=1e-4)
     assert sum(steps.values()) - steps["total"] == pytest.approx(steps["total"], abs=2e-4)
     assert chain["profiled_cycle_ms"] == 15.0
@@ -1396,28 +1121,17 @@ def test_cycle_breakdown_takes_kernels_from_the_trace_and_the_cycle_from_the_tim
 def _paired(server, group, seconds, rounds=2):
     """Batch-1 measurements of one server: each prompt's latency per round."""
     return [
-        {
-            **_m(
-                server,
-                1,
-                r,
-                len(seconds) * 128 / sum(seconds),
-                tokens=len(seconds) * 128,
-                verify=40 * len(seconds) if server != "nospec" else None,
-            ),
-            "group": group,
-            "latency_s": list(seconds),
-        }
+        {**_m(server, 1, r, len(seconds) * 128 / sum(seconds), tokens=len(seconds) * 128,
+              verify=40 * len(seconds) if server != "nospec" else None),
+         "group": group, "latency_s": list(seconds)}
         for r in range(rounds)
     ]
 
 
 def _grouped_result(plugin_seconds, stock_seconds):
     meta = {"batches": [1], "attention_backend": "fa3"}
-    groups = [
-        ["nospec", "spec-3-1-4", "spec-5-1-6"],
-        ["nospec", "nbrfalse-plugin-5-1-6", "nbrfalse-stock-5-1-6"],
-    ]
+    groups = [["nospec", "spec-3-1-4", "spec-5-1-6"],
+              ["nospec", "nbrfalse-plugin-5-1-6", "nbrfalse-stock-5-1-6"]]
     base = [1.0, 1.2, 0.8, 1.1, 0.9, 1.0, 1.3, 0.7]
     ms = _paired("nospec", 0, base) + _paired("nospec", 1, base)
     ms += _paired("spec-3-1-4", 0, [t / 2 for t in base])
@@ -1452,32 +1166,18 @@ def test_plugin_vs_stock_goal_reads_the_pair_run_in_another_group_and_judges_its
 
 
 def test_rebuild_derives_the_same_figures_from_the_measurements_with_or_without_specs(tmp_path):
-    original = json.loads(
-        json.dumps(
-            _grouped_result(
-                [0.53, 0.60, 0.40, 0.55, 0.45, 0.50, 0.68, 0.3345],
-                [0.50, 0.62, 0.38, 0.55, 0.47, 0.49, 0.66, 0.33],
-            )
-        )
-    )
+    original = json.loads(json.dumps(_grouped_result(
+        [0.53, 0.60, 0.40, 0.55, 0.45, 0.50, 0.68, 0.3345],
+        [0.50, 0.62, 0.38, 0.55, 0.47, 0.49, 0.66, 0.33])))
     commands = {"spec-3-1-4": ["python", "-m", "sglang.launch_server", bs.NO_OVERLAP]}
     original["servers"] = [
-        {
-            "name": s["name"],
-            "role": s["role"],
-            "setting": s["setting"],
-            "status": "ready",
-            "command": commands.get(s["name"], ["python", "-m", "sglang.launch_server"]),
-        }
-        for s in SPECS
-        if s["name"] != "spec-4-4-8"
+        {"name": s["name"], "role": s["role"], "setting": s["setting"], "status": "ready",
+         "command": commands.get(s["name"], ["python", "-m", "sglang.launch_server"])}
+        for s in SPECS if s["name"] != "spec-4-4-8"
     ]
     # a stored run: derived parts stale (as written by an older version), no specs
-    stale = {
-        **original,
-        "goals": {"plugin_vs_stock": None},
-        "rows": [{**r, "plugin_vs_stock_ci95": None} for r in original["rows"]],
-    }
+    stale = {**original, "goals": {"plugin_vs_stock": None},
+             "rows": [{**r, "plugin_vs_stock_ci95": None} for r in original["rows"]]}
     path = tmp_path / "run.json"
     path.write_text(json.dumps(stale))
     out = tmp_path / "rebuilt.json"
@@ -1497,48 +1197,30 @@ def test_rebuild_derives_the_same_figures_from_the_measurements_with_or_without_
     # never over an existing file; not a run: usage error
     assert bs.main(["rebuild", str(path), "--out-json", str(out)]) == 2
     (tmp_path / "rows.json").write_text(json.dumps({"rows": []}))
-    assert (
-        bs.main(["rebuild", str(tmp_path / "rows.json"), "--out-json", str(tmp_path / "x.json")])
-        == 2
-    )
+    assert bs.main(["rebuild", str(tmp_path / "rows.json"), "--out-json",
+                    str(tmp_path / "x.json")]) == 2
     # stored specs win over the records (a new run's file)
-    assert bs.specs_of(
-        {**stale, "specs": [{"name": "nospec", "role": "nospec", "setting": None}]}
-    ) == [{"name": "nospec", "role": "nospec", "setting": None}]
+    assert bs.specs_of({**stale, "specs": [{"name": "nospec", "role": "nospec",
+                                            "setting": None}]}) == [
+        {"name": "nospec", "role": "nospec", "setting": None}]
 
 
 def test_cycle_breakdown_of_steady_cycles_takes_the_prefill_out_of_the_timed_figures():
     def steady(prefill, per_cycle, idle_before=None):
-        return {
-            "per_cycle_ms": per_cycle,
-            "gpu_idle_before_ms": idle_before or {},
-            "before_first_cycle_ms": {"gpu_kernels": prefill, "wall": prefill + 1},
-        }
+        return {"per_cycle_ms": per_cycle, "gpu_idle_before_ms": idle_before or {},
+                "before_first_cycle_ms": {"gpu_kernels": prefill, "wall": prefill + 1}}
 
     profiles = {
-        "nospec": {
-            "per_cycle_ms": {"total": 10.0, "other_kernels": 0.25},
-            "steady": steady(9.6, {"target_graph_kernels": 4.6, "other_kernels": 0.02}),
-        },
+        "nospec": {"per_cycle_ms": {"total": 10.0, "other_kernels": 0.25},
+                   "steady": steady(9.6, {"target_graph_kernels": 4.6, "other_kernels": 0.02})},
         "spec-3-1-4": {
             "per_cycle_ms": {"total": 15.0, "target_graph_kernels": 4.9, "other_kernels": 0.3},
-            "steady": steady(
-                10.4,
-                {"target_graph_kernels": 4.9, "drafter_graph_kernels": 0.75, "other_kernels": 0.05},
-                {"target_graph": 0.4},
-            ),
+            "steady": steady(10.4, {"target_graph_kernels": 4.9, "drafter_graph_kernels": 0.75,
+                                    "other_kernels": 0.05}, {"target_graph": 0.4}),
         },
     }
-    rows = [
-        {
-            "server": "spec-3-1-4",
-            "batch": 1,
-            "nospec_tok_s": 200.0,
-            "spec_tok_s": 360.0,
-            "tau": 2.4,
-            "overlap": True,
-        }
-    ]
+    rows = [{"server": "spec-3-1-4", "batch": 1, "nospec_tok_s": 200.0, "spec_tok_s": 360.0,
+             "tau": 2.4, "overlap": True}]
     chain = bs.cycle_breakdown(profiles, SPECS, rows, new_tokens=128)["servers"]["spec-3-1-4"]
     step = 5.0 - 9.6 / 128  # the timed step less the prefill spread over 128 tokens
     cycle = 1000 * 2.4 / 360 - 10.4 * 2.4 / 128  # ... over the request's 128 / tau cycles
@@ -1715,9 +1397,8 @@ def test_the_fastest_served_configuration_is_read_beside_the_best_main_row():
     assert bs.served_best(plain, None) == {}
 
 
-def test_a_nospec_variant_serves_no_drafter_with_its_switch_against_the_baseline(
-    prompts_file, capsys
-):
+def test_a_nospec_variant_serves_no_drafter_with_its_switch_against_the_baseline(prompts_file,
+                                                                                capsys):
     """``LABEL@nospec``: the baseline again with the plugin loaded and the switch set (what
     the switch does without speculation, paired by prompt against ``nospec``); its row is
     neither a speculative candidate for best nor a cycle."""
@@ -1727,18 +1408,8 @@ def test_a_nospec_variant_serves_no_drafter_with_its_switch_against_the_baseline
     variant = specs[-1]
     assert variant["name"] == "nospec-serial" and variant["role"] == "nospec_variant"
     assert variant["setting"] is None and variant["stock"] is False
-    args = bs.parse_args(
-        [
-            "--target",
-            "t",
-            "--drafter",
-            "d",
-            "--prompts",
-            "p",
-            "--variant",
-            "serial@nospec:SGLANG_EXT_MOE_SHARED_STREAM=0",
-        ]
-    )
+    args = bs.parse_args(["--target", "t", "--drafter", "d", "--prompts", "p",
+                          "--variant", "serial@nospec:SGLANG_EXT_MOE_SHARED_STREAM=0"])
     server = bs.make_servers(specs, args)[-1]
     assert server.draft is None and server.env == {"SGLANG_EXT_MOE_SHARED_STREAM": "0"}
     assert "--speculative-algorithm" not in server.command()

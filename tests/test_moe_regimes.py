@@ -105,3 +105,13 @@ def test_the_up_projection_grid_is_the_smaller_of_the_per_layer_ones():
     assert mr.up_grid(t) == 128  # 1792 (down) as often; 6608 once a step
     with pytest.raises(ValueError, match="no target graph launch ran other"):
         mr.up_grid(t, "other")
+
+
+def test_the_command_reads_the_up_projection_grid_and_never_writes_over(tmp_path, capsys):
+    path, out = tmp_path / "t.json", tmp_path / "regimes.json"
+    path.write_text(json.dumps(trace([26, 56, 56])))
+    assert mr.main(["--trace", str(path), "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["grid"] == [128, 1, 1]
+    with pytest.raises(SystemExit):
+        mr.main(["--trace", str(path), "--out", str(out)])
+    assert "regimes.json: exists; not overwriting it" in capsys.readouterr().err

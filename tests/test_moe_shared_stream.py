@@ -98,10 +98,11 @@ def test_high_gives_every_dual_stream_layer_one_new_stream_of_the_highest_priori
     assert [m.alt_stream for m in model.layers] == [made[0], made[0], STREAM]
 
 
-def test_high_on_a_target_without_such_a_layer_is_refused_by_name(monkeypatch):
-    monkeypatch.setenv(mss.ENV_VAR, "high")
-    with pytest.raises(ValueError, match=r"SGLANG_EXT_MOE_SHARED_STREAM=high: the target model "
-                                         r"\(Target\) has no MoE layer"):  # fmt: skip
+@pytest.mark.parametrize("value", ["0", "high"])
+def test_a_target_without_such_a_layer_is_refused_by_name(monkeypatch, value):
+    monkeypatch.setenv(mss.ENV_VAR, value)
+    with pytest.raises(ValueError, match=rf"SGLANG_EXT_MOE_SHARED_STREAM={value}: the target "
+                                         r"model \(Target\) has no MoE layer"):  # fmt: skip
         mss.after_load_model(None, Runner(Target([torch.nn.Linear(2, 2)])))
 
 
@@ -124,46 +125,50 @@ def test_sglang_reads_the_stream_at_call_time():
     assert "_forward_shared_experts(" in inspect.getsource(DeepseekV2MoE.forward_normal)
 
 
+def loads_dual_stream_layers(n: int) -> str:
+    """Setup code for run_with_plugin: ModelRunner.load_model stood in for by one that builds
+    a model of ``n`` dual-stream layers."""
+    return (
+        "import torch\n"
+        "class L(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__(); self.alt_stream = 's'\n"
+        "        self.shared_experts = torch.nn.Linear(1, 1)\n"
+        "    def forward_normal_dual_stream(self): pass\n"
+        "def load(self):\n"
+        f"    self.model = torch.nn.Sequential(*(L() for _ in range({n})))\n"
+        "mr.ModelRunner.load_model = load"
+    )
+
+
+LOAD_TARGET = "r = object.__new__(mr.ModelRunner); r.is_draft_worker = False\n" + (
+    "mr.ModelRunner.load_model(r)\n"
+)
+
+
 def test_the_plugin_applies_it_in_a_fresh_process():
     """What a server process does: the plugin's registration with the switch in its env,
     SGLang's hooks applied, then the target's load, stood in for by a ModelRunner whose own
     load_model builds a model with one dual-stream layer."""
     words = run_with_plugin(
         {"SGLANG_EXT_MOE_SHARED_STREAM": "0"},
-        "import torch\n"
-        "class L(torch.nn.Module):\n"
-        "    def __init__(self):\n"
-        "        super().__init__(); self.alt_stream = 's'\n"
-        "        self.shared_experts = torch.nn.Linear(1, 1)\n"
-        "    def forward_normal_dual_stream(self): pass\n"
-        "def load(self):\n"
-        "    self.model = torch.nn.Sequential(L())\n"
-        "mr.ModelRunner.load_model = load",
-        "r = object.__new__(mr.ModelRunner); r.is_draft_worker = False\n"
-        "mr.ModelRunner.load_model(r)\n"
-        "print(r.model[0].alt_stream, targets[-1].endswith('ModelRunner.load_model'))",
+        loads_dual_stream_layers(1),
+        LOAD_TARGET
+        + "print(r.model[0].alt_stream, targets[-1].endswith('ModelRunner.load_model'))",
     )
     assert words[-2:] == ["None", "True"]
 
 
 def test_high_applies_in_a_fresh_process():
+    """The same with =high: one stream for both layers, made with the priority asked (a
+    stand-in stream here: no GPU), clamped as PyTorch clamps it."""
     words = run_with_plugin(
         {"SGLANG_EXT_MOE_SHARED_STREAM": "high"},
         "import torch\n"
         "class S:\n"
         "    def __init__(self, priority=0): self.priority = max(priority, -5)\n"
-        "torch.cuda.Stream = S\n"
-        "class L(torch.nn.Module):\n"
-        "    def __init__(self):\n"
-        "        super().__init__(); self.alt_stream = 's'\n"
-        "        self.shared_experts = torch.nn.Linear(1, 1)\n"
-        "    def forward_normal_dual_stream(self): pass\n"
-        "def load(self):\n"
-        "    self.model = torch.nn.Sequential(L(), L())\n"
-        "mr.ModelRunner.load_model = load",
-        "r = object.__new__(mr.ModelRunner); r.is_draft_worker = False\n"
-        "mr.ModelRunner.load_model(r)\n"
-        "a, b = (m.alt_stream for m in r.model)\n"
+        "torch.cuda.Stream = S\n" + loads_dual_stream_layers(2),
+        LOAD_TARGET + "a, b = (m.alt_stream for m in r.model)\n"
         "print(a is b, a.priority, targets[-1].endswith('ModelRunner.load_model'))",
     )
     assert words[-3:] == ["True", "-5", "True"]
