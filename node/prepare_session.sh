@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What a device session carries, built here in a new checkout (docs/performance.md,
-# "Reproduce on one nvidia-h200"): the 0.5.23 lock's wheel set as one tar in 45 MB ferry parts
+# "Reproduce on one nvidia-h200"): the 0.5.23 lock's wheel set as one tar in 40 MB ferry parts
 # (.ferry/wheels523.tar/) and the training chunk .wh/s1 (wheelhouse.TRAINING_FIRST: the set's
 # training wheels plus speculators 0.9.0 and its needs). Each step whose output is already
 # there is skipped, so a second run after an interrupted one finishes the rest; nothing that

@@ -159,6 +159,32 @@ def slim(trace: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def around(trace: Mapping[str, Any], kernel: str) -> dict[str, Any]:
+    """A slim trace cut to what this tool and ``moe_regimes`` read of ``kernel`` (a substring
+    of its name): its instances, every kernel running as one of them starts, each graph
+    launch's first kernel (a step's start) and the graph launches: a fifth of the slim trace
+    at the rank shape, so several servers' traces can be committed (the device call's 64 MiB
+    carries the checkout beside each wheel part)."""
+    events = slim(trace)["traceEvents"]
+    kern = [e for e in events if e.get("cat") in KERNEL_CATEGORIES]
+    starts = sorted(e["ts"] for e in kern if kernel in e["name"])
+    reach = max((e.get("dur", 0) for e in kern), default=0)
+    first: dict[Any, float] = {}
+    for e in kern:
+        corr = (e.get("args") or {}).get("correlation")
+        first[corr] = min(first.get(corr, e["ts"]), e["ts"])
+
+    def kept(e: Mapping[str, Any]) -> bool:
+        if e.get("cat") not in KERNEL_CATEGORIES:
+            return True  # a graph launch
+        if kernel in e["name"] or first.get((e.get("args") or {}).get("correlation")) == e["ts"]:
+            return True
+        lo = bisect.bisect_left(starts, e["ts"])  # an instance starting while e runs
+        return lo < len(starts) and starts[lo] < e["ts"] + e.get("dur", 0) and reach > 0
+
+    return {"traceEvents": [e for e in events if kept(e)]}
+
+
 def trace_parser(prog: str, description: str, grid_default: int | None) -> argparse.ArgumentParser:
     """The command line of a tool that reads one kernel at one grid in a profile trace:
     ``--trace``, ``--kernel``, ``--grid`` and ``--out`` (moe_overlap, moe_regimes)."""
@@ -188,26 +214,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="write --slim and read nothing (a trace with no instance at the grid is fine)",
     )
+    p.add_argument(
+        "--around",
+        action="store_true",
+        help="cut the --slim trace to --kernel's instances and what ran beside them (around)",
+    )
     args = p.parse_args(argv)
     if args.slim_only and not args.slim:
         p.error("--slim-only needs --slim")
     check_paths(p, args.trace, args.out, args.slim)
     trace = load_trace(args.trace)
+    if args.around and not args.slim:
+        p.error("--around needs --slim")
+    kernel = args.kernel if args.around else None
     if args.slim_only:
-        write_slim(trace, args.slim)
+        write_slim(trace, args.slim, kernel)
         return 0
     try:
         result = {"trace": args.trace.name} | overlap(trace, args.kernel, args.grid)
     except ValueError as exc:
         p.exit(2, f"moe_overlap: {args.trace}: {exc}\n")
     if args.slim:
-        write_slim(trace, args.slim)
+        write_slim(trace, args.slim, kernel)
     return emit(result, args.out)
 
 
-def write_slim(trace: Mapping[str, Any], path: Path) -> None:
+def write_slim(trace: Mapping[str, Any], path: Path, kernel: str | None = None) -> None:
+    """The slim trace, or with ``kernel`` the one cut ``around`` it, gzipped to ``path``."""
     with gzip.open(path, "wt") as fh:
-        json.dump(slim(trace), fh, separators=(",", ":"))
+        json.dump(around(trace, kernel) if kernel else slim(trace), fh, separators=(",", ":"))
 
 
 if __name__ == "__main__":

@@ -141,3 +141,30 @@ def test_slim_only_writes_a_trace_without_the_grid(tmp_path, capsys):
     assert capsys.readouterr().out == ""
     with pytest.raises(SystemExit):
         mo.main(["--trace", str(path), "--slim-only"])
+
+
+def test_around_keeps_the_kernel_what_ran_beside_it_and_each_launch_start():
+    launch = {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 0, "dur": 2,
+              "args": {"correlation": 5}}  # fmt: skip
+    events = [launch] + [dict(e, args={**e["args"], "correlation": 5}) for e in [
+        k("first", 1, 2, 7), k("gemm", 5, 12, 9), k("same_start", 10, 3, 9),
+        k("fused_moe_kernel", 10, 55, 7, (128, 1, 1)), k("after", 70, 5, 9),
+        k("before", 3, 1, 9)]]  # fmt: skip
+    cut = mo.around({"traceEvents": events}, "fused_moe_kernel")
+    kept = [e["name"] for e in cut["traceEvents"]]
+    assert kept == ["cudaGraphLaunch", "first", "gemm", "same_start", "fused_moe_kernel"]
+
+
+def test_around_reads_as_the_slim_trace_does():
+    """The committed dummy baseline's slim trace and the same cut around the MoE kernels give
+    the same per-instance and per-step readings (what the session's committed traces rely on)."""
+    from sglang_ext_tools import moe_regimes as mr
+
+    whole = mo.load_trace(f"{DUMMY}-nospec.trace.json.gz")
+    cut = mo.around(whole, "fused_moe_kernel")
+    assert len(cut["traceEvents"]) < len(whole["traceEvents"]) / 3
+    up = "fused_moe_kernel"
+    for grid in (128, 1792):
+        assert mo.overlap(cut, up, grid) == mo.overlap(whole, up, grid)
+    assert mr.up_grid(cut) == mr.up_grid(whole) == 128
+    assert mr.regimes(cut, "fused_moe_kernel", 128) == mr.regimes(whole, "fused_moe_kernel", 128)

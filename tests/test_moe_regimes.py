@@ -65,7 +65,7 @@ def test_no_instance_at_the_grid_is_named(tmp_path, capsys):
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory):
     folder = tmp_path_factory.mktemp("traces")
-    with tarfile.open(f"{RUN}-slim-traces.tgz") as tgz:
+    with tarfile.open(f"{RUN}-moe-traces.tgz") as tgz:
         tgz.extractall(folder, filter="data")
     return folder
 

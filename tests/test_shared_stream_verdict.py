@@ -137,7 +137,7 @@ def test_the_committed_run_is_its_verdict(tmp_path):
     run = Path(__file__).resolve().parents[1] / (
         "tests/gpu/results/seed-shape-2026-12-07-serial-nvidia-h100-sglang0.5.23"
     )
-    with tarfile.open(f"{run}-slim-traces.tgz") as tgz:
+    with tarfile.open(f"{run}-moe-traces.tgz") as tgz:
         tgz.extractall(tmp_path, filter="data")
     bench_path = Path(f"{run}-speed-rebuilt.json")
     kept = json.loads(Path(f"{run}-verdict.json").read_text())

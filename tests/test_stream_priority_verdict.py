@@ -105,7 +105,7 @@ def test_the_priority_ignored_is_read_as_such_on_the_committed_traces(tmp_path):
     (SGLang's second stream, default priority) as ``high@nospec`` and its plain 5/1/6 as
     ``high``, what an unhonored priority would serve. The verdict names the dear stretch and
     the unhidden shared expert, and reads the speed ratios below their ranges."""
-    with tarfile.open(f"{RUN}-slim-traces.tgz") as tgz:
+    with tarfile.open(f"{RUN}-moe-traces.tgz") as tgz:
         tgz.extractall(tmp_path, filter="data")
     data = json.loads(Path(f"{RUN}-speed-rebuilt.json").read_text())
     roles = pv.ROLES | {"plain": "spec-5-1-6", "high": "spec-5-1-6",
