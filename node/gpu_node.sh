@@ -358,18 +358,24 @@ train_site() {
 }
 
 # Each profile trace under LOGS/profiles/SERVER/ as SERVER.trace.json.gz, its kernels and graph
-# launches only (moe_overlap --slim-only), tarred into TGZ (dummy-bench-pipeline)
+# launches only (moe_overlap --slim-only), tarred into TGZ (dummy-bench-pipeline); and the same
+# cut to the MoE kernels and what ran beside them (--around, a fifth of the size: what a
+# session commits, 2026-12-07) into moe-traces.tgz beside TGZ
 slim_profiles() {
-    local logs=$1 tgz=$2 slimmed trace server
+    local logs=$1 tgz=$2 slimmed cut trace server
     slimmed="$(dirname "$tgz")/slim"
-    mkdir -p "$slimmed"
+    cut="$(dirname "$tgz")/moe"
+    mkdir -p "$slimmed" "$cut"
     for trace in "$logs"/profiles/*/*.trace.json.gz; do
         [ -f "$trace" ] || continue
         server=$(basename "$(dirname "$trace")")
         python3 -m sglang_ext_tools.moe_overlap --trace "$trace" --slim-only \
             --slim "$slimmed/$server.trace.json.gz" || true
+        python3 -m sglang_ext_tools.moe_overlap --trace "$trace" --slim-only --around \
+            --slim "$cut/$server.trace.json.gz" || true
     done
     tar -czf "$tgz" -C "$slimmed" . 2>/dev/null || true
+    tar -czf "$(dirname "$tgz")/moe-traces.tgz" -C "$cut" . 2>/dev/null || true
 }
 # make_speed_fixtures on the training site, into $SPEED (speed-pipeline, speed-unpack)
 speed_fixtures() {
@@ -1017,7 +1023,7 @@ dummy-bench-wait)
     tail -n 25 /tmp/dummyb/result/bench.log 2>/dev/null
     cp /tmp/dummyb/result/speed.json /tmp/dummyb/result/bench.log \
         /tmp/dummyb/result/server-logs.tgz /tmp/dummyb/result/slim-traces.tgz \
-        /tmp/dummyb/pipeline.log /tmp/dummyb/result/tune-moe.json "$OUT"/ 2>/dev/null || true
+        /tmp/dummyb/result/moe-traces.tgz /tmp/dummyb/pipeline.log /tmp/dummyb/result/tune-moe.json "$OUT"/ 2>/dev/null || true
     nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
     [ -f /tmp/dummyb/DONE ]
     ;;

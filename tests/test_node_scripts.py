@@ -780,3 +780,10 @@ def test_slim_profiles_tars_every_servers_trace_as_kernels_only(tmp_path):
         with gzip.open(tar.extractfile(names[0]), "rt") as fh:
             events = json.load(fh)["traceEvents"]
     assert events == [{**kernel, "args": {"stream": 7, "grid": [544, 1, 1], "correlation": 9}}]
+    # and cut around the MoE kernels (moe_overlap --around), what a session commits: the
+    # kernel here is no MoE one, but each launch's first kernel stays
+    with tarfile.open(tgz.parent / "moe-traces.tgz") as tar:
+        names = sorted(n for n in tar.getnames() if n.endswith(".gz"))
+        assert names == ["./nospec.trace.json.gz", "./spec-5-1-6-serial.trace.json.gz"]
+        with gzip.open(tar.extractfile(names[0]), "rt") as fh:
+            assert json.load(fh)["traceEvents"] == events
