@@ -66,11 +66,6 @@ def mode() -> str:
     return value
 
 
-def requested() -> bool:
-    """True where the user asked for the shared expert on the main stream."""
-    return mode() == MAIN
-
-
 def dual_stream_layers(model: Any) -> list[Any]:
     """The model's MoE layers that would fork their shared expert onto a second stream."""
     return [
