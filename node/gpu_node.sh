@@ -371,8 +371,9 @@ slim_profiles() {
         server=$(basename "$(dirname "$trace")")
         python3 -m sglang_ext_tools.moe_overlap --trace "$trace" --slim-only \
             --slim "$slimmed/$server.trace.json.gz" || true
-        python3 -m sglang_ext_tools.moe_overlap --trace "$trace" --slim-only --around \
-            --slim "$cut/$server.trace.json.gz" || true
+        # cut from the slim copy: the whole trace is read once (a slim trace slims to itself)
+        python3 -m sglang_ext_tools.moe_overlap --trace "$slimmed/$server.trace.json.gz" \
+            --slim-only --around --slim "$cut/$server.trace.json.gz" || true
     done
     tar -czf "$tgz" -C "$slimmed" . 2>/dev/null || true
     tar -czf "$(dirname "$tgz")/moe-traces.tgz" -C "$cut" . 2>/dev/null || true

@@ -948,6 +948,20 @@ VS_SETTING_ACROSS = (
 )
 
 
+def server_groups(groups: Sequence[Sequence[str]]) -> dict[str, int]:
+    """Each server's group (plan_groups), the baseline left out: it is in every group."""
+    return {name: g for g, names in enumerate(groups) for name in names if name != "nospec"}
+
+
+def _switch(spec: Mapping[str, Any]) -> tuple:
+    """What a variant's server was served with: its label, env and extra flags."""
+    return (
+        spec.get("label"),
+        tuple(sorted((spec.get("env") or {}).items())),
+        tuple(spec.get("extra") or ()),
+    )
+
+
 def over_own_baselines(
     measurements: Sequence[Mapping[str, Any]],
     first: tuple[str, int],
@@ -981,9 +995,9 @@ def vs_setting_across_groups(
     baseline, so a drift of the machine between the groups cancels. Batch 1 pairs prompts
     (over_own_baselines); larger batches divide the two rows' speedups (no interval).
     Rows that have a ``vs_setting`` from their own group keep it."""
-    group_of = {name: g for g, names in enumerate(groups) for name in names if name != "nospec"}
+    group_of = server_groups(groups)
     main_at = {tuple(s["setting"]): s["name"] for s in specs if s["role"] == "spec"}
-    by_server = {(r["server"], r["batch"]): r for r in rows}
+    speedup_of = {(r["server"], r["batch"]): r.get("speedup") for r in rows}
     for spec in specs:
         if spec["role"] != "variant" or spec.get("setting") is None:
             continue
@@ -991,15 +1005,14 @@ def vs_setting_across_groups(
         gv, gp = group_of.get(spec["name"]), group_of.get(plain)
         if plain is None or gv is None or gp is None or gv == gp:
             continue
-        for (server, b), row in by_server.items():
-            if server != spec["name"] or row.get("vs_setting") is not None:
+        for row in rows:
+            if row["server"] != spec["name"] or row.get("vs_setting") is not None:
                 continue
-            other = by_server.get((plain, b))
+            b = row["batch"]
             if b == 1:
-                point, ci = over_own_baselines(measurements, (server, gv), (plain, gp))
+                point, ci = over_own_baselines(measurements, (spec["name"], gv), (plain, gp))
             else:
-                point = _r(_ratio(row.get("speedup"), (other or {}).get("speedup")))
-                ci = None
+                point, ci = _r(_ratio(row.get("speedup"), speedup_of.get((plain, b)))), None
             if point is not None:
                 row.update(
                     vs_setting_server=plain,
@@ -1021,24 +1034,12 @@ def same_switch_baseline(
     it where the switch speeds the target itself (2026-12-07: the shared expert on the main
     stream, 1.09x without speculation). Batch 1 only, each server over its own group's
     baseline (over_own_baselines)."""
-    group_of = {name: g for g, names in enumerate(groups) for name in names if name != "nospec"}
-    twin = {
-        (
-            s.get("label"),
-            tuple(sorted((s.get("env") or {}).items())),
-            tuple(s.get("extra") or ()),
-        ): s["name"]
-        for s in specs
-        if s["role"] == "nospec_variant"
-    }
+    group_of = server_groups(groups)
+    twin = {_switch(s): s["name"] for s in specs if s["role"] == "nospec_variant"}
     for spec in specs:
         if spec["role"] != "variant":
             continue
-        key = (
-            spec.get("label"),
-            tuple(sorted((spec.get("env") or {}).items())),
-            tuple(spec.get("extra") or ()),
-        )
+        key = _switch(spec)
         base = twin.get(key)
         if base is None or spec["name"] not in group_of or base not in group_of:
             continue
@@ -1285,8 +1286,7 @@ def build_result(
         )
         rows += group_rows if len(groups) == 1 else [{**r, "group": g} for r in group_rows]
     pool_second_pair(rows, specs, measurements, compare, meta["batches"], schema_version)
-    if len(groups) > 1:
-        vs_setting_across_groups(rows, specs, measurements, groups)
+    vs_setting_across_groups(rows, specs, measurements, groups)
     same_switch_baseline(rows, specs, measurements, groups)
     best, goals = best_and_goals(rows, compare)
     return {

@@ -168,7 +168,6 @@ def around(trace: Mapping[str, Any], kernel: str) -> dict[str, Any]:
     events = slim(trace)["traceEvents"]
     kern = [e for e in events if e.get("cat") in KERNEL_CATEGORIES]
     starts = sorted(e["ts"] for e in kern if kernel in e["name"])
-    reach = max((e.get("dur", 0) for e in kern), default=0)
     first: dict[Any, float] = {}
     for e in kern:
         corr = (e.get("args") or {}).get("correlation")
@@ -180,7 +179,7 @@ def around(trace: Mapping[str, Any], kernel: str) -> dict[str, Any]:
         if kernel in e["name"] or first.get((e.get("args") or {}).get("correlation")) == e["ts"]:
             return True
         lo = bisect.bisect_left(starts, e["ts"])  # an instance starting while e runs
-        return lo < len(starts) and starts[lo] < e["ts"] + e.get("dur", 0) and reach > 0
+        return lo < len(starts) and starts[lo] < e["ts"] + e.get("dur", 0)
 
     return {"traceEvents": [e for e in events if kept(e)]}
 

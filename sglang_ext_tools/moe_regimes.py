@@ -32,16 +32,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sglang_ext_tools.json_out import emit
-from sglang_ext_tools.moe_overlap import check_paths, trace_parser
+from sglang_ext_tools.moe_overlap import _grid, check_paths, trace_parser
 from sglang_ext_tools.trace_breakdown import group_kernels, load_trace
 
 # two clusters of step medians count as two regimes only this far apart (the modes seen so far:
 # 2.1x at one token, 2.0x at the verify's six)
 MIN_RATIO = 1.3
-
-
-def _grid(event: Mapping[str, Any]) -> list[int]:
-    return list((event.get("args") or {}).get("grid") or [])
 
 
 def _median(values: Sequence[float]) -> float | None:
@@ -111,6 +107,7 @@ def regimes(trace: Mapping[str, Any], kernel: str, grid: int) -> dict[str, Any]:
     labels = [
         "one" if threshold is None else ("dear" if m > threshold else "cheap") for m in medians
     ]
+    stretches = runs(labels)
     out: dict[str, Any] = {
         "kernel": kernel,
         "grid": [grid, 1, 1],
@@ -118,8 +115,8 @@ def regimes(trace: Mapping[str, Any], kernel: str, grid: int) -> dict[str, Any]:
         "per_step": len(steps[0]["us"]),
         "threshold_us": None if threshold is None else round(threshold, 2),
         "sequence": "".join({"cheap": "c", "dear": "D", "one": "."}[x] for x in labels),
-        "runs": [{"regime": r, "steps": n} for r, n in runs(labels)],
-        "flips": len(runs(labels)) - 1,
+        "runs": [{"regime": r, "steps": n} for r, n in stretches],
+        "flips": len(stretches) - 1,
         "regimes": {},
     }
     for regime in dict.fromkeys(labels):

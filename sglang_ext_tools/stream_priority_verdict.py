@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sglang_ext_tools.bench_speed import over_own_baselines
+from sglang_ext_tools.bench_speed import over_own_baselines, server_groups
 from sglang_ext_tools.moe_regimes import load_trace, regimes, up_grid
 from sglang_ext_tools.server_mode_verdict import cli, ready_within, verdict_head
 from sglang_ext_tools.shared_stream_verdict import place, served
@@ -79,7 +79,7 @@ def ratio(
 ) -> tuple[float | None, list[float] | None]:
     """first's speed over second's at batch 1, each over its own group's baseline (the stock
     baseline itself: its own speedup, 1)."""
-    group_of = {n: g for g, names in enumerate(bench.get("groups") or []) for n in names}
+    group_of = server_groups(bench.get("groups") or [])
     ms = bench.get("measurements", [])
     if second == "nospec":
         row = next(
