@@ -111,40 +111,51 @@ def _period(read: Mapping[str, Any] | None) -> float | None:
     return max(periods) if periods else None
 
 
-def verdict(
-    bench: Mapping[str, Any], traces: Path, roles: Mapping[str, str], where: str
-) -> dict[str, Any]:
-    servers = served(bench, traces)
-    reads = {r: read_regimes(traces, n) if n in servers else None for r, n in roles.items()}
-    high_period, serial_period = _period(reads["high_nospec"]), _period(reads["serial_nospec"])
-    checks = {
-        "high_nospec_no_dear_step": _cheap(reads["high_nospec"], reads["serial_nospec"]),
-        "high_verify_no_dear_step": _cheap(reads["high"], reads["serial"]),
-        "high_nospec_hides_the_shared_expert": None
-        if high_period is None or serial_period is None
-        else high_period <= HIDDEN_FACTOR * serial_period,
-    }
-    speed = {}
-    for name, ((a, b), bounds) in SPEED.items():
-        point, ci = ratio(bench, roles[a], roles[b])
-        speed[name] = {
-            "servers": [roles[a], roles[b]],
-            "ratio": point,
-            "ci95": ci,
-            "registered": None
-            if bounds is None
-            else {"low": bounds[0], "high": bounds[1], "point": bounds[2]},
-            "reading": "recorded" if bounds is None else place(point, ci, *bounds[:2]),
+def verdict_for(label: str, table: Mapping[str, Any]):
+    """The reading of a run that sets a shared-stream candidate (roles ``LABEL`` at 3/1/4 and
+    ``LABEL_nospec``) against the serial switch and SGLang's stream, with ``table``'s registered
+    ratios (as ``SPEED``)."""
+    nospec = f"{label}_nospec"
+
+    def read(
+        bench: Mapping[str, Any], traces: Path, roles: Mapping[str, str], where: str
+    ) -> dict[str, Any]:
+        servers = served(bench, traces)
+        reads = {r: read_regimes(traces, n) if n in servers else None for r, n in roles.items()}
+        period, serial_period = _period(reads[nospec]), _period(reads["serial_nospec"])
+        checks = {
+            f"{nospec}_no_dear_step": _cheap(reads[nospec], reads["serial_nospec"]),
+            f"{label}_verify_no_dear_step": _cheap(reads[label], reads["serial"]),
+            f"{nospec}_hides_the_shared_expert": None
+            if period is None or serial_period is None
+            else period <= HIDDEN_FACTOR * serial_period,
         }
-    return {
-        **verdict_head(bench, where, roles),
-        "bounds": {"cheap_factor": CHEAP_FACTOR, "hidden_factor": HIDDEN_FACTOR},
-        "ready_within_150s": ready_within([s.get("ready_after_s") for s in servers.values()]),
-        "regimes": reads,
-        "step_period_ms": {"high_nospec": high_period, "serial_nospec": serial_period},
-        "checks": checks,
-        "speed": speed,
-    }
+        speed = {}
+        for name, ((a, b), bounds) in table.items():
+            point, ci = ratio(bench, roles[a], roles[b])
+            speed[name] = {
+                "servers": [roles[a], roles[b]],
+                "ratio": point,
+                "ci95": ci,
+                "registered": None
+                if bounds is None
+                else {"low": bounds[0], "high": bounds[1], "point": bounds[2]},
+                "reading": "recorded" if bounds is None else place(point, ci, *bounds[:2]),
+            }
+        return {
+            **verdict_head(bench, where, roles),
+            "bounds": {"cheap_factor": CHEAP_FACTOR, "hidden_factor": HIDDEN_FACTOR},
+            "ready_within_150s": ready_within([s.get("ready_after_s") for s in servers.values()]),
+            "regimes": reads,
+            "step_period_ms": {nospec: period, "serial_nospec": serial_period},
+            "checks": checks,
+            "speed": speed,
+        }
+
+    return read
+
+
+verdict = verdict_for("high", SPEED)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -13,9 +13,9 @@ import pytest
 from sglang_ext_tools import bench_speed as bs
 from sglang_ext_tools import stream_priority_verdict as pv
 
-RUN = Path(__file__).resolve().parents[1] / (
-    "tests/gpu/results/seed-shape-2026-12-07-serial-nvidia-h100-sglang0.5.23"
-)
+RESULTS = Path(__file__).resolve().parents[1] / "tests/gpu/results"
+RUN = RESULTS / "seed-shape-2026-12-07-serial-nvidia-h100-sglang0.5.23"
+HIGH_RUN = RESULTS / "seed-shape-2026-12-07-high-nvidia-h100-sglang0.5.23"
 UP = "fused_moe_kernel"
 
 
@@ -45,12 +45,12 @@ def timed(server, group, scale, tau=None):
             "verify_tokens": tokens if tau else 0, "errors": 0}  # fmt: skip
 
 
-def bench(speeds):
+def bench(speeds, label="high"):
     """A run of the registered servers, each beside the baseline (``speeds``: server -> its
     speed over the baseline); the baseline 5 % slower in each later group (drift)."""
     variants = [bs.parse_variant(v) for v in (
-        "high@3,1,4:SGLANG_EXT_MOE_SHARED_STREAM=high",
-        "high@nospec:SGLANG_EXT_MOE_SHARED_STREAM=high",
+        f"{label}@3,1,4:SGLANG_EXT_MOE_SHARED_STREAM={label}",
+        f"{label}@nospec:SGLANG_EXT_MOE_SHARED_STREAM={label}",
         "serial@nospec:SGLANG_EXT_MOE_SHARED_STREAM=0",
         "serial@3,1,4:SGLANG_EXT_MOE_SHARED_STREAM=0")]  # fmt: skip
     specs = bs.server_specs([(3, 1, 4)], None, variants)
@@ -121,3 +121,22 @@ def test_the_priority_ignored_is_read_as_such_on_the_committed_traces(tmp_path):
 def test_a_missing_traces_folder_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="--traces .*nothere: no such folder"):
         pv.verdict(bench(SPEEDS), tmp_path / "nothere", pv.ROLES, "speed.json")
+
+
+def test_the_high_run_reproduces_its_committed_verdict(tmp_path):
+    """The run that went out (2026-12-07, twenty-fourth session): every step of the ``high``
+    servers dear, every registered ratio below its range but the η ceiling's."""
+    with tarfile.open(f"{HIGH_RUN}-moe-traces.tgz") as tgz:
+        tgz.extractall(tmp_path, filter="data")
+    data = json.loads(Path(f"{HIGH_RUN}-speed.json").read_text())
+    v = pv.verdict(data, tmp_path, pv.ROLES, f"{HIGH_RUN.name}-speed.json")
+    committed = json.loads(Path(f"{HIGH_RUN}-verdict.json").read_text())
+    assert json.loads(json.dumps(v)) == committed
+    assert set(committed["checks"].values()) == {False}
+    assert [committed["speed"][k]["reading"] for k in pv.SPEED] == (
+        ["below"] * 3 + ["within", "recorded"]
+    )
+    high = committed["regimes"]["high_nospec"]["regimes"]
+    serial = committed["regimes"]["serial_nospec"]["regimes"]
+    clear = serial["one"]["kernel_median_us"]
+    assert [r["kernel_median_us"] > 2 * clear for r in high.values()] == [True]
