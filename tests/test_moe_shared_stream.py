@@ -1,9 +1,12 @@
-"""The switch that runs SGLang's DeepSeek MoE shared expert on the main stream
-(sglang_ext.serving.moe_shared_stream, ``SGLANG_EXT_MOE_SHARED_STREAM=0``)."""
+"""The switch that moves SGLang's DeepSeek MoE shared expert (sglang_ext.serving.moe_shared_stream):
+on the main stream (``SGLANG_EXT_MOE_SHARED_STREAM=0``), or forked and joined before the routed
+up-projection (``=join``)."""
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import types
 
 import pytest
 
@@ -17,16 +20,29 @@ sglang = pytest.importorskip("sglang")
 STREAM = object()  # stands in for a torch.cuda.Stream
 
 
+class Experts(torch.nn.Module):
+    def __init__(self, inplace=True):
+        super().__init__()
+        self.moe_runner_config = type("Config", (), {"inplace": inplace})()
+
+
 class DualStreamMoE(torch.nn.Module):
     """What the switch looks for: a layer that can fork its shared expert."""
 
-    def __init__(self, stream=STREAM):
+    def __init__(self, stream=STREAM, inplace=True):
         super().__init__()
         self.alt_stream = stream
         self.shared_experts = torch.nn.Linear(2, 2)
+        self.experts = Experts(inplace)
+        self._fuse_shared_experts_inside_sbo = False
+        self.calls = []
 
     def forward_normal_dual_stream(self):
         raise AssertionError("not called here")
+
+    def _forward_shared_experts(self, hidden):
+        self.calls.append(("shared", hidden))
+        return hidden + 1
 
 
 class Target(torch.nn.Module):
@@ -51,10 +67,10 @@ def test_off_by_default_leaves_sglang_alone(monkeypatch):
     assert mss.after_load_model not in hooks
 
 
-def test_a_value_other_than_0_1_or_high_is_refused_by_name(monkeypatch):
+def test_a_value_other_than_0_1_or_join_is_refused_by_name(monkeypatch):
     monkeypatch.setenv(mss.ENV_VAR, "serial")
     with pytest.raises(ValueError, match=r"SGLANG_EXT_MOE_SHARED_STREAM: expected 0 \(the shared "
-                                         r"expert on the main stream\), 1 .*, high .*; found "
+                                         r"expert on the main stream\), 1 .*, join .*; found "
                                          r"'serial'"):  # fmt: skip
         mss.install()
 
@@ -69,49 +85,133 @@ def test_every_dual_stream_layer_of_the_target_loses_its_second_stream():
 
 
 def test_the_drafter_runner_is_left_alone(monkeypatch):
-    for value in ("0", "high"):
+    for value in ("0", "join"):
         monkeypatch.setenv(mss.ENV_VAR, value)
         model = Target([DualStreamMoE()])
         mss.after_load_model(None, Runner(model, draft=True))
         assert model.layers[0].alt_stream is STREAM
 
 
-class PriorityStream:
-    """Stands in for torch.cuda.Stream (no GPU here)."""
+class FakeStream:
+    """Stands in for torch.cuda.Stream (no GPU here): its waits go to the shared log."""
 
-    def __init__(self, priority=0):
-        self.priority = priority
+    def __init__(self, log, name):
+        self.log, self.name = log, name
 
-
-def test_high_gives_every_dual_stream_layer_one_new_stream_of_the_highest_priority():
-    without_shared = DualStreamMoE()
-    without_shared.shared_experts = None
-    model = Target([DualStreamMoE(), DualStreamMoE(), without_shared])
-    made = []
-
-    def make():
-        made.append(PriorityStream(-5))
-        return made[-1]
-
-    assert mss.prioritize(model, "the target model", make) == 2
-    assert len(made) == 1  # one stream for all layers, as SGLang shares its one
-    assert [m.alt_stream for m in model.layers] == [made[0], made[0], STREAM]
+    def wait_stream(self, other):
+        self.log.append(("wait", self.name, other.name))
 
 
-@pytest.mark.parametrize("value", ["0", "high"])
+class FakeCuda:
+    """Stands in for torch.cuda: Stream(), current_stream() and the stream() context."""
+
+    def __init__(self):
+        self.log, self.made = [], 0
+        self.stack = [FakeStream(self.log, "main")]
+
+    def Stream(self):  # noqa: N802 (torch.cuda's name)
+        self.made += 1
+        return FakeStream(self.log, f"side{self.made}")
+
+    def current_stream(self):
+        return self.stack[-1]
+
+    @contextlib.contextmanager
+    def stream(self, s):
+        self.stack.append(s)
+        yield
+        self.stack.pop()
+
+
+def joined_target(layers=2, capturing=True):
+    """A target of dual-stream layers under =join, with a stand-in align module; each layer's
+    shared expert logs the stream it ran on."""
+    cuda = FakeCuda()
+
+    def align(ids):
+        cuda.log.append(("align", cuda.current_stream().name))
+        return ids
+
+    module = types.SimpleNamespace(moe_align_block_size=align)
+    model = Target([DualStreamMoE() for _ in range(layers)])
+    for layer in model.layers:
+        original = layer._forward_shared_experts
+
+        def shared(hidden, original=original):
+            cuda.log.append(("shared", cuda.current_stream().name))
+            return original(hidden)
+
+        layer._forward_shared_experts = shared
+    assert mss.join(model, "the target model", cuda, module) == layers
+    fork = module.moe_align_block_size.sglang_ext_join
+    fork.capturing = lambda: capturing
+    return model, module, cuda
+
+
+def test_join_forks_the_shared_expert_and_joins_it_after_the_alignment():
+    model, module, cuda = joined_target()
+    assert [m.alt_stream for m in model.layers] == [None, None]  # SGLang's serial path
+    for layer in model.layers:
+        assert layer._forward_shared_experts(1) == 2  # the output as computed
+        assert module.moe_align_block_size("ids") == "ids"
+    assert cuda.made == 1  # one second stream for every layer
+    assert cuda.log == [
+        ("wait", "side1", "main"), ("shared", "side1"),  # forked from the main stream
+        ("align", "main"), ("wait", "main", "side1"),  # joined before the up-projection
+    ] * 2  # fmt: skip
+
+
+def test_join_runs_the_shared_expert_in_line_outside_a_full_graph_capture():
+    model, module, cuda = joined_target(capturing=False)
+    assert model.layers[0]._forward_shared_experts(1) == 2
+    assert module.moe_align_block_size("ids") == "ids"
+    assert cuda.log == [("shared", "main"), ("align", "main")]
+
+
+def test_a_fork_no_alignment_joined_stops_the_capture_by_name():
+    """Another MoE runner never calls the rebound alignment: the next layer's fork, at capture
+    time, says so rather than serving an unjoined stream."""
+    model, _, _ = joined_target()
+    model.layers[0]._forward_shared_experts(1)
+    with pytest.raises(RuntimeError, match=r"=join: the shared expert forked in layer 0 was "
+                                           r"never joined: its routed experts did not reach "
+                                           r"sglang\.srt\.layers\.moe\.moe_runner\.triton_utils"
+                                           r"\.fused_moe\.moe_align_block_size"):  # fmt: skip
+        model.layers[1]._forward_shared_experts(1)
+
+
+def test_a_second_target_load_reuses_the_one_fork():
+    cuda = FakeCuda()
+    module = types.SimpleNamespace(moe_align_block_size=lambda ids: ids)
+    mss.join(Target([DualStreamMoE()]), "the target model", cuda, module)
+    first = module.moe_align_block_size
+    mss.join(Target([DualStreamMoE()]), "the target model", cuda, module)
+    assert module.moe_align_block_size is first and cuda.made == 1
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        (lambda m: setattr(m.experts.moe_runner_config, "inplace", False),
+         r"experts\.moe_runner_config\.inplace expected True .*found False"),
+        (lambda m: setattr(m, "_fuse_shared_experts_inside_sbo", True),
+         r"_fuse_shared_experts_inside_sbo expected False, found True"),
+    ],
+)  # fmt: skip
+def test_join_refuses_a_layer_whose_shared_expert_would_not_run_first(change, field):
+    layer = DualStreamMoE()
+    change(layer)
+    module = types.SimpleNamespace(moe_align_block_size=lambda ids: ids)
+    with pytest.raises(ValueError, match=rf"=join: MoE layer 1 \(DualStreamMoE\): {field}"):
+        mss.join(Target([DualStreamMoE(), layer]), "the target model", FakeCuda(), module)
+    assert not hasattr(module.moe_align_block_size, "sglang_ext_join")  # nothing changed
+
+@pytest.mark.parametrize("value", ["0", "join"])
 def test_a_target_without_such_a_layer_is_refused_by_name(monkeypatch, value):
     monkeypatch.setenv(mss.ENV_VAR, value)
     with pytest.raises(ValueError, match=rf"SGLANG_EXT_MOE_SHARED_STREAM={value}: the target "
                                          r"model \(Target\) has no MoE layer"):  # fmt: skip
         mss.after_load_model(None, Runner(Target([torch.nn.Linear(2, 2)])))
-
-
-def test_the_highest_priority_is_asked_past_the_range():
-    """PyTorch maps a priority past the device's range to its end: the request is below any
-    device's highest (CUDA's greatest priority is a small negative number)."""
-    src = inspect.getsource(mss.high_priority_stream)
-    assert "torch.cuda.Stream(priority=-(2**10))" in src
-    assert "mapped to the nearest valid priority" in inspect.getsource(torch.cuda.Stream)
 
 
 def test_sglang_reads_the_stream_at_call_time():
@@ -134,7 +234,10 @@ def loads_dual_stream_layers(n: int) -> str:
         "    def __init__(self):\n"
         "        super().__init__(); self.alt_stream = 's'\n"
         "        self.shared_experts = torch.nn.Linear(1, 1)\n"
+        "        self.experts = torch.nn.Module()\n"
+        "        self.experts.moe_runner_config = type('C', (), {'inplace': True})()\n"
         "    def forward_normal_dual_stream(self): pass\n"
+        "    def _forward_shared_experts(self, h): return h\n"
         "def load(self):\n"
         f"    self.model = torch.nn.Sequential(*(L() for _ in range({n})))\n"
         "mr.ModelRunner.load_model = load"
@@ -159,16 +262,34 @@ def test_the_plugin_applies_it_in_a_fresh_process():
     assert words[-2:] == ["None", "True"]
 
 
-def test_high_applies_in_a_fresh_process():
-    """The same with =high: one stream for both layers, made with the priority asked (a
-    stand-in stream here: no GPU), clamped as PyTorch clamps it."""
+def test_join_applies_in_a_fresh_process():
+    """The same with =join: both layers on SGLang's serial path, their shared expert wrapped,
+    and the triton MoE runner's alignment rebound once (a stand-in stream here: no GPU)."""
     words = run_with_plugin(
-        {"SGLANG_EXT_MOE_SHARED_STREAM": "high"},
+        {"SGLANG_EXT_MOE_SHARED_STREAM": "join"},
         "import torch\n"
-        "class S:\n"
-        "    def __init__(self, priority=0): self.priority = max(priority, -5)\n"
-        "torch.cuda.Stream = S\n" + loads_dual_stream_layers(2),
-        LOAD_TARGET + "a, b = (m.alt_stream for m in r.model)\n"
-        "print(a is b, a.priority, targets[-1].endswith('ModelRunner.load_model'))",
+        "torch.cuda.Stream = lambda: 'side'\n" + loads_dual_stream_layers(2),
+        LOAD_TARGET + "import importlib\n"
+        "fm = importlib.import_module('sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe')\n"
+        "fork = fm.moe_align_block_size.sglang_ext_join\n"
+        "print([m.alt_stream for m in r.model] == [None, None], fork.stream,\n"
+        "      all(m._forward_shared_experts.__qualname__.endswith('forked') for m in r.model),\n"
+        "      targets[-1].endswith('ModelRunner.load_model'))",
     )
-    assert words[-3:] == ["True", "-5", "True"]
+    assert words[-4:] == ["True", "side", "True", "True"]
+
+
+def test_sglang_joins_where_the_switch_expects():
+    """=join holds only while SGLang's serial path calls the shared expert before the router
+    and the routed experts, and its triton runner aligns the routed tokens through the name it
+    imported, before the up-projection; an upstream move fails here, not on the GPU."""
+    from sglang.srt.layers.moe.moe_runner.triton_utils import fused_moe
+    from sglang.srt.models.deepseek_v2 import DeepseekV2MoE
+
+    normal = inspect.getsource(DeepseekV2MoE.forward_normal)
+    assert normal.index("self._forward_shared_experts(") < normal.index("self.gate(")
+    assert normal.index("self.gate(") < normal.index("self.experts(")
+    runner = inspect.getsource(fused_moe)
+    assert "from .moe_align_block_size import moe_align_block_size" in runner
+    assert runner.index("= moe_align_block_size(") < runner.index("invoke_fused_moe_kernel(\n")
+    assert callable(mss.capturing)

@@ -1,40 +1,40 @@
-"""Opt-in: SGLang's DeepSeek MoE layers run their shared expert on the main stream, before the
-routed experts, instead of on a second stream beside them (``SGLANG_EXT_MOE_SHARED_STREAM=0``),
-or on a second stream of the highest priority (``=high``).
+"""Opt-in: where SGLang's DeepSeek MoE layers run their shared expert. ``0`` runs it on the main
+stream, before the routed experts, instead of on a second stream beside them; ``join`` keeps a
+second stream for it and joins it back before the routed up-projection. Off by default (``1``,
+SGLang's own second stream).
 
-Why: at the seed's rank shape (issue #24) the routed experts' up-projection runs in two modes in
-servers. A dummy-weight no-speculation server traced on an H100 on 2026-12-07 put them apart by
-what was on the GPU as each instance launched: in 2,311 of 2,340 one-token instances the shared
-expert's GEMM, which ``DeepseekV2MoE.forward_normal_dual_stream`` (``sglang/srt/models/
+Why ``0``: at the seed's rank shape (issue #24) the routed experts' up-projection runs in two
+modes in servers. A dummy-weight no-speculation server traced on an H100 on 2026-12-07 put them
+apart by what was on the GPU as each instance launched: in 2,311 of 2,340 one-token instances the
+shared expert's GEMM, which ``DeepseekV2MoE.forward_normal_dual_stream`` (``sglang/srt/models/
 deepseek_v2.py``) forks onto ``alt_stream`` at the layer's start, was still running, and the
 up-projection took 56.03 µs a call (median); in the 29 where nothing was, 25.95 µs, what the same
 compiled kernel takes alone (``tests/gpu/results/seed-shape-2026-12-07-dummy-nvidia-h100-
-sglang0.5.23-overlap.json``). The shared expert's kernels take ~15 µs a layer on their stream, so
-running them first on the main stream should cost less than the ~30 µs the overlap costs.
+sglang0.5.23-overlap.json``). SGLang takes the dual-stream path only while a layer has an
+``alt_stream``; ``0`` sets that attribute to None on every such MoE layer of the target as its
+model finishes loading (``ModelRunner.load_model``), before the CUDA graphs are captured, so
+SGLang's own ``forward_normal`` runs (shared expert, then gate, top-k and the routed experts).
+Measured: 1.09x without speculation, 1.11-1.14x with it (README).
 
-SGLang takes the dual-stream path only while a layer has an ``alt_stream``; this switch sets that
-attribute to None on every such MoE layer of the target as its model finishes loading
-(``ModelRunner.load_model``), before the CUDA graphs are captured, so SGLang's own
-``forward_normal`` runs (shared expert, then gate, top-k and the routed experts). Attention keeps
-its own streams. The outputs are the same sums in another order. A target without such a layer
-is refused by name rather than served unchanged. Off by default.
-
-``SGLANG_EXT_MOE_SHARED_STREAM=high`` keeps the second stream but gives the shared expert its
-own stream of the highest priority the device has. Why: the three H100 runs of 2026-12-07
-(twenty-third session) read the dear mode step by step (``sglang_ext_tools.moe_regimes``): a
-whole decode step is dear or cheap, all 60 layers alike, in stretches of steps. In dear steps
-the shared expert's last GEMM began 0.8 µs before the routed up-projection (median); in cheap
-ones it had ended 11 µs before, so the shared expert's four kernels ran while the router's
-one-block kernels did. A cheap step took 6.8 ms, a dear one 8.6, the serial server 7.6. Both
-branches start at the layer's fork; which one the GPU dispatches first is what the regimes
-differ by, and a stream's priority decides that where both have work waiting. PyTorch
-instantiates its CUDA graphs with ``cudaGraphInstantiateFlagUseNodePriority``, and a kernel
-captured on a stream keeps that stream's priority as its node's, so the stream is set before
-SGLang captures. SGLang's capture stream has the default (lowest) priority.
+Why ``join``: the serial path pays the shared expert in full (~12 µs a layer at one token), where
+SGLang's stream, in its cheap stretches of steps, had it done beside the router and the block
+alignment (~9 µs) before the up-projection launched: a cheap step took 6.8 ms, a serial one 7.6
+(``sglang_ext_tools.moe_regimes``). A stream of the highest priority did not make that order
+(2026-12-07, twenty-fourth session: every step dear). ``join`` makes it by dependency: the layer
+runs SGLang's ``forward_normal``; its ``_forward_shared_experts`` call is issued on one second
+stream forked from the main one, and the main stream waits for it right after
+``moe_align_block_size`` (rebound in ``sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe``),
+before the up-projection reads the GPU's SMs. Only while SGLang captures a full CUDA graph, as its
+own dual-stream path; elsewhere the shared expert runs in line. A layer whose routed experts are
+not in place (the shared expert then runs after them) is refused by name, and so is a fork that
+no alignment joined (another MoE runner) when the next layer forks, at capture, before serving.
+The outputs are the same sums in another order. A target without a dual-stream layer is refused
+by name rather than served unchanged.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import pkgutil
@@ -46,13 +46,15 @@ ENV_VAR = "SGLANG_EXT_MOE_SHARED_STREAM"
 TARGET = "sglang.srt.model_executor.model_runner.ModelRunner.load_model"
 # what marks one of SGLang's MoE layers that can fork its shared expert (0.5.23)
 DUAL_STREAM_METHOD = "forward_normal_dual_stream"
+# where the triton MoE runner aligns the routed tokens, just before the up-projection
+ALIGN_MODULE = "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe"
+ALIGN = "moe_align_block_size"
 
-
-MAIN, SECOND, HIGH = "0", "1", "high"
+MAIN, SECOND, JOIN = "0", "1", "join"
 VALUES = {
     MAIN: "the shared expert on the main stream",
     SECOND: "SGLang's second stream",
-    HIGH: "a second stream of the highest priority",
+    JOIN: "a second stream joined before the routed up-projection",
 }
 
 
@@ -88,41 +90,114 @@ def _layers(model: Any, where: str, value: str) -> list[Any]:
     return layers
 
 
-def serialize(model: Any, where: str) -> int:
-    """Take the second stream from every such layer of ``model``; the count taken."""
-    layers = _layers(model, where, MAIN)
+def serialize(model: Any, where: str, value: str = MAIN) -> list[Any]:
+    """Take the second stream from every such layer of ``model``; the layers taken."""
+    layers = _layers(model, where, value)
     for layer in layers:
         layer.alt_stream = None
-    logger.info(
-        "sglang_ext: %d MoE layers of %s run their shared expert on the main stream (%s=0)",
-        len(layers),
-        type(model).__name__,
-        ENV_VAR,
+    if value == MAIN:
+        logger.info(
+            "sglang_ext: %d MoE layers of %s run their shared expert on the main stream (%s=0)",
+            len(layers),
+            type(model).__name__,
+            ENV_VAR,
+        )
+    return layers
+
+
+def capturing() -> bool:
+    """Where SGLang itself would fork the shared expert: a full CUDA graph being captured."""
+    from sglang.srt.model_executor.runner import get_is_capture_mode
+    from sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph.context import (
+        is_in_breakable_cuda_graph,
     )
-    return len(layers)
+
+    return bool(get_is_capture_mode()) and not is_in_breakable_cuda_graph()
 
 
-def high_priority_stream() -> Any:
-    """A new CUDA stream of the device's highest priority (PyTorch maps a priority past the
-    range to its end)."""
-    import torch
+class Fork:
+    """One second stream for every layer (SGLang shares one too) and the fork not yet joined."""
 
-    return torch.cuda.Stream(priority=-(2**10))
+    def __init__(self, stream: Any, streams: Any, capturing=capturing):
+        self.stream, self.streams, self.capturing = stream, streams, capturing
+        self.pending: str | None = None
+
+    def shared(self, original, name: str):
+        """``original`` (a layer's ``_forward_shared_experts``) issued on the second stream."""
+
+        def forked(*args, **kwargs):
+            if not self.capturing():
+                return original(*args, **kwargs)
+            if self.pending is not None:
+                raise RuntimeError(
+                    f"{ENV_VAR}=join: the shared expert forked in {self.pending} was never "
+                    f"joined: its routed experts did not reach {ALIGN_MODULE}.{ALIGN} (another "
+                    "MoE runner); unset it for this model"
+                )
+            main = self.streams.current_stream()
+            self.stream.wait_stream(main)
+            with self.streams.stream(self.stream):
+                out = original(*args, **kwargs)
+            self.pending = name
+            return out
+
+        return forked
+
+    def align(self, original):
+        """``original`` (SGLang's ``moe_align_block_size``) followed by the main stream's wait
+        for a pending shared expert: the up-projection launches after it."""
+
+        def joined(*args, **kwargs):
+            out = original(*args, **kwargs)
+            if self.pending is not None:
+                self.streams.current_stream().wait_stream(self.stream)
+                self.pending = None
+            return out
+
+        joined.sglang_ext_join = self
+        return joined
 
 
-def prioritize(model: Any, where: str, make_stream=high_priority_stream) -> int:
-    """Give every such layer of ``model`` one new stream of the highest priority in place of
-    SGLang's second stream (one for all layers, as SGLang shares one); the count changed."""
-    layers = _layers(model, where, HIGH)
-    stream = make_stream()
-    for layer in layers:
-        layer.alt_stream = stream
+def _check_joinable(layers: list[Any]) -> None:
+    for i, layer in enumerate(layers):
+        config = getattr(getattr(layer, "experts", None), "moe_runner_config", None)
+        if getattr(config, "inplace", None) is not True:
+            raise ValueError(
+                f"{ENV_VAR}=join: MoE layer {i} ({type(layer).__name__}): experts."
+                f"moe_runner_config.inplace expected True (the shared expert runs before the "
+                f"routed experts), found {getattr(config, 'inplace', None)!r}; use 0 or unset it"
+            )
+        if getattr(layer, "_fuse_shared_experts_inside_sbo", False):
+            raise ValueError(
+                f"{ENV_VAR}=join: MoE layer {i} ({type(layer).__name__}): "
+                "_fuse_shared_experts_inside_sbo expected False, found True; use 0 or unset it"
+            )
+
+
+def join(model: Any, where: str, streams: Any = None, module: Any = None) -> int:
+    """SGLang's serial path on every such layer of ``model``, its shared expert forked onto one
+    new stream and joined after the routed tokens' alignment; the count changed."""
+    _check_joinable(_layers(model, where, JOIN))
+    if streams is None:
+        import torch
+
+        streams = torch.cuda
+    module = module or importlib.import_module(ALIGN_MODULE)
+    original = getattr(module, ALIGN, None)
+    if not callable(original):
+        raise AttributeError(f"{ALIGN_MODULE}.{ALIGN}: not found; {ENV_VAR}=join cannot apply")
+    fork = getattr(original, "sglang_ext_join", None)
+    if fork is None:
+        fork = Fork(streams.Stream(), streams)
+        setattr(module, ALIGN, fork.align(original))
+    layers = serialize(model, where, JOIN)
+    for i, layer in enumerate(layers):
+        layer._forward_shared_experts = fork.shared(layer._forward_shared_experts, f"layer {i}")
     logger.info(
-        "sglang_ext: %d MoE layers of %s run their shared expert on a stream of priority %s "
-        "(%s=high)",
+        "sglang_ext: %d MoE layers of %s fork their shared expert and join it before the "
+        "routed up-projection (%s=join)",
         len(layers),
         type(model).__name__,
-        getattr(stream, "priority", "?"),
         ENV_VAR,
     )
     return len(layers)
@@ -133,15 +208,15 @@ def after_load_model(result: Any, runner: Any, *args, **kwargs) -> None:
     MoE layer of its own to change)."""
     if getattr(runner, "is_draft_worker", False):
         return None
-    if mode() == HIGH:
-        prioritize(runner.model, "the target model")
+    if mode() == JOIN:
+        join(runner.model, "the target model")
     else:
         serialize(runner.model, "the target model")
     return None
 
 
 def install() -> list[str]:
-    """Register the hook when asked for (0 or high); returns the target registered."""
+    """Register the hook when asked for (0 or join); returns the target registered."""
     value = mode()
     if value == SECOND:
         return []
