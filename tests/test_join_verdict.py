@@ -1,0 +1,51 @@
+"""join_verdict: the registered run of ``SGLANG_EXT_MOE_SHARED_STREAM=join`` read as the
+stream-priority run was (each server over its own group's baseline; the servers' regimes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sglang_ext_tools import join_verdict as jv
+from tests.test_stream_priority_verdict import bench, steps, write
+
+SPEEDS = {"spec-3-1-4": 0.78, "spec-3-1-4-join": 0.935, "nospec-join": 1.15,
+          "nospec-serial": 1.08, "spec-3-1-4-serial": 0.89}  # fmt: skip
+
+
+def test_the_shared_expert_hidden_reads_cheap_hidden_and_within(tmp_path):
+    write(tmp_path, {
+        "nospec": steps([26] * 4 + [56] * 6, 8000, 128),
+        "nospec-join": steps([26] * 10, 7150, 128),
+        "nospec-serial": steps([26] * 10, 7640, 128),
+        "spec-3-1-4": steps([63] * 10, 10300, 512),
+        "spec-3-1-4-join": steps([32] * 10, 8900, 512),
+        "spec-3-1-4-serial": steps([31] * 10, 9350, 512),
+    })  # fmt: skip
+    v = jv.verdict(bench(SPEEDS, "join"), tmp_path, jv.ROLES, "speed.json")
+    assert v["checks"] == {"join_nospec_no_dear_step": True, "join_verify_no_dear_step": True,
+                           "join_nospec_hides_the_shared_expert": True}  # fmt: skip
+    s = v["speed"]
+    assert s["join_nospec_over_serial_nospec"]["ratio"] == pytest.approx(1.15 / 1.08, abs=1e-4)
+    assert s["join_over_join_nospec"]["ratio"] == pytest.approx(0.935 / 1.15, abs=1e-4)
+    assert [s[k]["reading"] for k in jv.SPEED] == ["within"] * 4 + ["recorded"]
+
+
+def test_a_join_that_lets_the_up_projection_overlap_reads_dear_and_below(tmp_path):
+    """What a wait not captured where it was issued would serve: dear stretches again."""
+    write(tmp_path, {
+        "nospec": steps([56] * 10, 8600, 128),
+        "nospec-join": steps([26] * 3 + [56] * 7, 8400, 128),
+        "nospec-serial": steps([26] * 10, 7640, 128),
+        "spec-3-1-4": steps([63] * 10, 10300, 512),
+        "spec-3-1-4-join": steps([63] * 10, 10200, 512),
+        "spec-3-1-4-serial": steps([31] * 10, 9350, 512),
+    })  # fmt: skip
+    slow = SPEEDS | {"nospec-join": 1.0, "spec-3-1-4-join": 0.79}
+    v = jv.verdict(bench(slow, "join"), tmp_path, jv.ROLES, "speed.json")
+    assert set(v["checks"].values()) == {False}
+    assert v["speed"]["join_nospec_over_serial_nospec"]["reading"] == "below"
+
+
+def test_the_command_line_reads_the_roles(tmp_path, capsys):
+    assert jv.main(["--bench", str(tmp_path / "none.json"), "--traces", str(tmp_path)]) == 2
+    assert "join_verdict: " in capsys.readouterr().err
