@@ -17,6 +17,16 @@ large one's end; where its stream has the highest priority its blocks go first a
 it ends early. ``small_end_fraction`` = (small end − large start) / large duration, per step,
 read from a profiler trace; eager and graph-replayed steps, each priority.
 
+Ran 2026-12-07 (twenty-fourth session, H100, torch 2.11):
+``tests/gpu/results/stream-priority-probe-2026-12-07-nvidia-h100.json``. The small GEMM ended at
+0.947-0.948 of the large one's span on either stream, eager and replayed: the registered "≤ 0.3
+at the highest priority" missed, so this probe could not tell whether replay keeps a node's
+priority (``graph_keeps_priority`` false reads "no difference to keep"). The likeliest reading,
+not checked: cuBLAS runs an 8192³ bf16 GEMM on Hopper as a persistent kernel, one block per SM
+looping over tiles, so no SM frees up for the small GEMM's blocks before its end, whatever
+their priority. The servers answered the switch's question instead: its ``high`` servers ran
+every step dear, and ``=high`` is gone (``docs/seed-shape.md``).
+
     python -m sglang_ext_tools.stream_priority_probe [--steps 20] [--out probe.json]
 """
 
