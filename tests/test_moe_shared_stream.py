@@ -289,7 +289,15 @@ def test_sglang_joins_where_the_switch_expects():
     normal = inspect.getsource(DeepseekV2MoE.forward_normal)
     assert normal.index("self._forward_shared_experts(") < normal.index("self.gate(")
     assert normal.index("self.gate(") < normal.index("self.experts(")
+    from sglang.srt.layers.moe.moe_runner import triton as triton_runner
+
     runner = inspect.getsource(fused_moe)
     assert "from .moe_align_block_size import moe_align_block_size" in runner
     assert runner.index("= moe_align_block_size(") < runner.index("invoke_fused_moe_kernel(\n")
+    # both of the runner's ways in align there: its pre-permute and fused_experts
+    assert "= moe_align_block_size(" in inspect.getsource(fused_moe._prepare_fused_moe_run)
+    assert "_prepare_fused_moe_run(" in inspect.getsource(fused_moe.fused_experts_impl)
+    assert "_prepare_fused_moe_run(" in inspect.getsource(
+        triton_runner.pre_permute_standard_to_triton
+    )
     assert callable(mss.capturing)
