@@ -300,4 +300,4 @@ def test_sglang_joins_where_the_switch_expects():
     assert "_prepare_fused_moe_run(" in inspect.getsource(
         triton_runner.pre_permute_standard_to_triton
     )
-    assert callable(mss.capturing)
+    assert mss.capturing() is False  # its two imports resolve; nothing is being captured here
