@@ -274,7 +274,7 @@ def test_join_applies_in_a_fresh_process():
         "fork = fm.moe_align_block_size.sglang_ext_join\n"
         "print([m.alt_stream for m in r.model] == [None, None], fork.stream,\n"
         "      all(m._forward_shared_experts.__qualname__.endswith('forked') for m in r.model),\n"
-        "      targets[-1].endswith('ModelRunner.load_model'))",
+        "      targets[-2].endswith('ModelRunner.load_model'))",
     )
     assert words[-4:] == ["True", "side", "True", "True"]
 
@@ -301,3 +301,47 @@ def test_sglang_joins_where_the_switch_expects():
         triton_runner.pre_permute_standard_to_triton
     )
     assert mss.capturing() is False  # its two imports resolve; nothing is being captured here
+
+
+def test_join_reports_the_forks_its_graphs_captured(caplog):
+    model, module, _ = joined_target()
+    for layer in model.layers:
+        layer._forward_shared_experts(1)
+        module.moe_align_block_size("ids")
+    with caplog.at_level("INFO", logger=mss.__name__):
+        assert mss.after_init_cuda_graphs(None, Runner(model), module=module) is None
+    assert "2 shared-expert forks captured in the target's CUDA graphs" in caplog.text
+
+
+def test_join_with_no_fork_captured_is_refused_by_name():
+    """--disable-cuda-graph, say: the shared expert would run in line, as =0, without a word."""
+    model, module, _ = joined_target()
+    refusal = r"=join: the target's CUDA graphs captured no MoE layer's shared expert .*; set 0"
+    with pytest.raises(ValueError, match=refusal):
+        mss.after_init_cuda_graphs(None, Runner(model), module=module)
+    # the drafter's runner, and a call that defers the decode graphs, are not asked
+    assert mss.after_init_cuda_graphs(None, Runner(model, draft=True), module=module) is None
+    assert (
+        mss.after_init_cuda_graphs(
+            None, Runner(model), capture_decode_cuda_graph=False, module=module
+        )
+        is None
+    )
+
+
+def test_join_refuses_a_server_whose_graphs_captured_no_fork_in_a_fresh_process():
+    """The plugin's second hook in a server process: ModelRunner.init_cuda_graphs stood in for
+    by one that captures nothing (as --disable-cuda-graph does) stops the launch by name."""
+    words = run_with_plugin(
+        {"SGLANG_EXT_MOE_SHARED_STREAM": "join"},
+        "import torch\n"
+        "torch.cuda.Stream = lambda: 'side'\n"
+        "mr.ModelRunner.init_cuda_graphs = lambda self, capture_decode_cuda_graph=True: None\n"
+        + loads_dual_stream_layers(2),
+        LOAD_TARGET + "try:\n"
+        "    r.init_cuda_graphs()\n"
+        "except ValueError as e:\n"
+        "    print('refused:', 'captured no MoE' in str(e))\n"
+        "print(sorted(t.rsplit('.', 1)[-1] for t in targets[-2:]))",
+    )
+    assert words[-3:] == ["True", "['init_cuda_graphs',", "'load_model']"]

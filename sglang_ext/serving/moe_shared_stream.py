@@ -25,9 +25,11 @@ runs SGLang's ``forward_normal``; its ``_forward_shared_experts`` call is issued
 stream forked from the main one, and the main stream waits for it right after
 ``moe_align_block_size`` (rebound in ``sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe``),
 before the up-projection reads the GPU's SMs. Only while SGLang captures a full CUDA graph, as its
-own dual-stream path; elsewhere the shared expert runs in line. A layer whose routed experts are
-not in place (the shared expert then runs after them) is refused by name, and so is a fork that
-no alignment joined (another MoE runner) when the next layer forks, at capture, before serving.
+own dual-stream path; elsewhere the shared expert runs in line. Refused by name: a layer whose
+routed experts are not in place (the shared expert then runs after them); a fork that no
+alignment joined (another MoE runner), when the next layer forks, at capture, before serving;
+and a target whose CUDA graphs captured no fork at all (``ModelRunner.init_cuda_graphs``: no
+full decode graph), where the shared expert would run in line, as ``0``, without a word.
 The outputs are the same sums in another order. A target without a dual-stream layer is refused
 by name rather than served unchanged.
 """
@@ -44,6 +46,8 @@ logger = logging.getLogger(__name__)
 
 ENV_VAR = "SGLANG_EXT_MOE_SHARED_STREAM"
 TARGET = "sglang.srt.model_executor.model_runner.ModelRunner.load_model"
+# where the target's CUDA graphs have been captured: =join reports its forks there
+CAPTURED = "sglang.srt.model_executor.model_runner.ModelRunner.init_cuda_graphs"
 # what marks one of SGLang's MoE layers that can fork its shared expert (0.5.23)
 DUAL_STREAM_METHOD = "forward_normal_dual_stream"
 # where the triton MoE runner aligns the routed tokens, just before the up-projection
@@ -121,6 +125,7 @@ class Fork:
     def __init__(self, stream: Any, streams: Any, capturing=capturing):
         self.stream, self.streams, self.capturing = stream, streams, capturing
         self.pending: str | None = None
+        self.forks = 0  # captured so far
 
     def shared(self, original, name: str):
         """``original`` (a layer's ``_forward_shared_experts``) issued on the second stream."""
@@ -139,6 +144,7 @@ class Fork:
             with self.streams.stream(self.stream):
                 out = original(*args, **kwargs)
             self.pending = name
+            self.forks += 1
             return out
 
         return forked
@@ -203,6 +209,36 @@ def join(model: Any, where: str, streams: Any = None, module: Any = None) -> int
     return len(layers)
 
 
+def current_fork(module: Any = None) -> Fork | None:
+    """The Fork that =join set up in this process, if any."""
+    module = module or importlib.import_module(ALIGN_MODULE)
+    return getattr(getattr(module, ALIGN, None), "sglang_ext_join", None)
+
+
+def after_init_cuda_graphs(result: Any, runner: Any, *args, module: Any = None, **kwargs) -> None:
+    """AFTER hook on ``ModelRunner.init_cuda_graphs`` (=join, the target's runner): how many
+    shared-expert forks its graphs captured; none is refused, since the shared expert would
+    then run in line, as =0, without a word (``--disable-cuda-graph``, say)."""
+    if getattr(runner, "is_draft_worker", False):
+        return None
+    if not kwargs.get("capture_decode_cuda_graph", args[0] if args else True):
+        return None  # decode graphs deferred (a role switch captures them later)
+    fork = current_fork(module)
+    if fork is None or fork.forks == 0:
+        raise ValueError(
+            f"{ENV_VAR}=join: the target's CUDA graphs captured no MoE layer's shared expert "
+            "(no full decode graph: --disable-cuda-graph, or only breakable graphs), so it "
+            "would run in line, as =0; set 0 or unset it"
+        )
+    logger.info(
+        "sglang_ext: %d shared-expert forks captured in the target's CUDA graphs, each joined "
+        "before its routed up-projection (%s=join)",
+        fork.forks,
+        ENV_VAR,
+    )
+    return None
+
+
 def after_load_model(result: Any, runner: Any, *args, **kwargs) -> None:
     """AFTER hook on ``ModelRunner.load_model``: the target's runner only (a drafter has no
     MoE layer of its own to change)."""
@@ -216,7 +252,7 @@ def after_load_model(result: Any, runner: Any, *args, **kwargs) -> None:
 
 
 def install() -> list[str]:
-    """Register the hook when asked for (0 or join); returns the target registered."""
+    """Register the hooks when asked for (0 or join); returns the targets registered."""
     value = mode()
     if value == SECOND:
         return []
@@ -230,4 +266,8 @@ def install() -> list[str]:
         )
     pkgutil.resolve_name(TARGET)
     HookRegistry.register(TARGET, after_load_model, HookType.AFTER)
-    return [TARGET]
+    if value != JOIN:
+        return [TARGET]
+    pkgutil.resolve_name(CAPTURED)
+    HookRegistry.register(CAPTURED, after_init_cuda_graphs, HookType.AFTER)
+    return [TARGET, CAPTURED]
