@@ -308,7 +308,7 @@ def test_join_reports_the_forks_its_graphs_captured(caplog):
     for layer in model.layers:
         layer._forward_shared_experts(1)
         module.moe_align_block_size("ids")
-    with caplog.at_level("INFO", logger=mss.__name__):
+    with caplog.at_level("INFO", logger=mss.logger.name):
         assert mss.after_init_cuda_graphs(None, Runner(model), module=module) is None
     assert "2 shared-expert forks captured in the target's CUDA graphs" in caplog.text
 
