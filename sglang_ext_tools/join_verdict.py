@@ -34,7 +34,9 @@ up-projection's programmatic launch slipped past it), and serial stays the switc
 
     python -m sglang_ext_tools.join_verdict --bench speed.json --traces DIR [--out verdict.json]
 
-``DIR`` holds ``SERVER.trace.json.gz`` per server (the pipeline's ``moe-traces.tgz``, unpacked).
+``DIR`` holds ``SERVER.trace.json.gz`` per server (the pipeline's ``moe-traces.tgz``, unpacked),
+and with ``server-logs.tgz`` unpacked into it too, the checks that every switched server's log
+names 60 MoE layers and that both ``join`` servers' graphs captured their forks.
 """
 
 from __future__ import annotations

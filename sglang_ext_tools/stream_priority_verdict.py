@@ -27,11 +27,14 @@ Readings as in ``shared_stream_verdict.place``: "within", "above", "below", "poi
     python -m sglang_ext_tools.stream_priority_verdict --bench speed.json --traces DIR \
         [--out verdict.json]
 
-``DIR`` holds ``SERVER.trace.json.gz`` per server (the pipeline's ``slim-traces.tgz``, unpacked).
+``DIR`` holds ``SERVER.trace.json.gz`` per server (the pipeline's ``slim-traces.tgz`` or
+``moe-traces.tgz``, unpacked); ``server-SERVER.log`` beside them (``server-logs.tgz``) adds what
+each switched server's log says it changed (``read_log``).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -72,6 +75,24 @@ def read_regimes(traces: Path, server: str) -> dict[str, Any] | None:
         return regimes(trace, KERNEL, up_grid(trace, KERNEL))
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from exc
+
+
+LAYERS_LINE = re.compile(r"sglang_ext: (\d+) MoE layers of \S+ (.*)\(SGLANG_EXT_MOE_SHARED_STREAM=")
+FORKS_LINE = re.compile(r"sglang_ext: (\d+) shared-expert forks captured")
+MOE_LAYERS = 60  # the rank shape's: 61 layers, the first dense
+
+
+def read_log(traces: Path, server: str) -> dict[str, Any] | None:
+    """What SERVER's log (``server-SERVER.log`` beside the traces: the pipeline's
+    ``server-logs.tgz`` unpacked into the same folder) says the switch did: the MoE layers it
+    changed and, for =join, the forks its CUDA graphs captured; None without a log."""
+    path = traces / f"server-{server}.log"
+    if not path.is_file():
+        return None
+    text = path.read_text(errors="replace")
+    layers = [int(m.group(1)) for m in LAYERS_LINE.finditer(text)]
+    forks = [int(m.group(1)) for m in FORKS_LINE.finditer(text)]
+    return {"moe_layers": layers[-1] if layers else None, "forks": forks[-1] if forks else None}
 
 
 def ratio(
@@ -142,12 +163,23 @@ def verdict_for(label: str, table: Mapping[str, Any]):
                 else {"low": bounds[0], "high": bounds[1], "point": bounds[2]},
                 "reading": "recorded" if bounds is None else place(point, ci, *bounds[:2]),
             }
+        switched = (label, nospec, "serial", "serial_nospec")
+        logs = {r: read_log(traces, roles[r]) for r in switched if r in roles}
+        if any(logs.values()):  # the server logs unpacked beside the traces
+            checks["logs_name_every_moe_layer"] = all(
+                (log or {}).get("moe_layers") == MOE_LAYERS for log in logs.values()
+            )
+            if label == "join":
+                checks["join_forks_captured"] = all(
+                    ((logs[r] or {}).get("forks") or 0) > 0 for r in (label, nospec)
+                )
         return {
             **verdict_head(bench, where, roles),
             "bounds": {"cheap_factor": CHEAP_FACTOR, "hidden_factor": HIDDEN_FACTOR},
             "ready_within_150s": ready_within([s.get("ready_after_s") for s in servers.values()]),
             "regimes": reads,
             "step_period_ms": {nospec: period, "serial_nospec": serial_period},
+            **({"logs": logs} if any(logs.values()) else {}),
             "checks": checks,
             "speed": speed,
         }

@@ -49,3 +49,25 @@ def test_a_join_that_lets_the_up_projection_overlap_reads_dear_and_below(tmp_pat
 def test_the_command_line_reads_the_roles(tmp_path, capsys):
     assert jv.main(["--bench", str(tmp_path / "none.json"), "--traces", str(tmp_path)]) == 2
     assert "join_verdict: " in capsys.readouterr().err
+
+
+def log(folder, server, layers, forks=None, switch="join"):
+    lines = [f"[t] sglang_ext: {layers} MoE layers of DeepseekV3ForCausalLM fork their shared "
+             f"expert (SGLANG_EXT_MOE_SHARED_STREAM={switch})"]  # fmt: skip
+    if forks is not None:
+        lines.append(f"[t] sglang_ext: {forks} shared-expert forks captured in the target's "
+                     "CUDA graphs, each joined before its routed up-projection")  # fmt: skip
+    (folder / f"server-{server}.log").write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize("nospec_forks, held", [(2400, True), (None, False)])
+def test_the_logs_say_whether_every_join_server_captured_its_forks(tmp_path, nospec_forks, held):
+    write(tmp_path, {s: steps([26] * 10, 7600, 128) for s in jv.ROLES.values()})
+    log(tmp_path, "spec-3-1-4-join", 60, 9600)
+    log(tmp_path, "nospec-join", 60, nospec_forks)
+    log(tmp_path, "spec-3-1-4-serial", 60, switch="0")
+    log(tmp_path, "nospec-serial", 60, switch="0")
+    v = jv.verdict(bench(SPEEDS, "join"), tmp_path, jv.ROLES, "speed.json")
+    assert v["logs"]["join"] == {"moe_layers": 60, "forks": 9600}
+    assert v["checks"]["logs_name_every_moe_layer"] is True
+    assert v["checks"]["join_forks_captured"] is held

@@ -140,3 +140,18 @@ def test_the_high_run_reproduces_its_committed_verdict(tmp_path):
     serial = committed["regimes"]["serial_nospec"]["regimes"]
     clear = serial["one"]["kernel_median_us"]
     assert [r["kernel_median_us"] > 2 * clear for r in high.values()] == [True]
+
+
+def test_the_server_logs_beside_the_traces_say_what_the_switch_changed(tmp_path):
+    """With the run's server logs unpacked into the traces folder, the verdict reads how many
+    MoE layers each switched server's log names (60 at the rank shape); without them it reads
+    as committed (no ``logs``)."""
+    for part in ("moe-traces", "server-logs"):
+        with tarfile.open(f"{HIGH_RUN}-{part}.tgz") as tgz:
+            tgz.extractall(tmp_path, filter="data")
+    data = json.loads(Path(f"{HIGH_RUN}-speed.json").read_text())
+    v = pv.verdict(data, tmp_path, pv.ROLES, "speed.json")
+    assert v["logs"] == {r: {"moe_layers": 60, "forks": None}
+                         for r in ("high", "high_nospec", "serial", "serial_nospec")}  # fmt: skip
+    assert v["checks"]["logs_name_every_moe_layer"] is True
+    assert "join_forks_captured" not in v["checks"]
