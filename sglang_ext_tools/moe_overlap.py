@@ -221,10 +221,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.slim_only and not args.slim:
         p.error("--slim-only needs --slim")
-    check_paths(p, args.trace, args.out, args.slim)
-    trace = load_trace(args.trace)
     if args.around and not args.slim:
         p.error("--around needs --slim")
+    check_paths(p, args.trace, args.out, args.slim)
+    trace = load_trace(args.trace)
     kernel = args.kernel if args.around else None
     if args.slim_only:
         write_slim(trace, args.slim, kernel)

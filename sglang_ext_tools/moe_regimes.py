@@ -74,12 +74,17 @@ def up_grid(trace: Mapping[str, Any], kernel: str = "fused_moe_kernel") -> int:
     target launch runs once a MoE layer (the most instances a launch), the smallest (the
     down-projection's N, the hidden size, is wider than the up-projection's at the rank shape:
     1792 against 128 blocks at one token)."""
+    return _up_grid(group_kernels(trace).target, kernel)
+
+
+def _up_grid(target: Sequence[Sequence[Mapping[str, Any]]], kernel: str) -> int:
     counts: dict[int, int] = {}
-    for group in group_kernels(trace).target:
-        per = {}
+    for group in target:
+        per: dict[int, int] = {}
         for k in group:
-            if kernel in k["name"] and _grid(k)[1:] == [1, 1]:
-                per[_grid(k)[0]] = per.get(_grid(k)[0], 0) + 1
+            grid = _grid(k)
+            if kernel in k["name"] and grid[1:] == [1, 1]:
+                per[grid[0]] = per.get(grid[0], 0) + 1
         for x, n in per.items():
             counts[x] = max(counts.get(x, 0), n)
     if not counts:
@@ -88,10 +93,13 @@ def up_grid(trace: Mapping[str, Any], kernel: str = "fused_moe_kernel") -> int:
     return min(x for x, n in counts.items() if n == most)
 
 
-def regimes(trace: Mapping[str, Any], kernel: str, grid: int) -> dict[str, Any]:
+def regimes(trace: Mapping[str, Any], kernel: str, grid: int | None = None) -> dict[str, Any]:
     """The steps (target graph launches) that ran ``kernel`` (a substring of its name) at grid
-    (``grid``, 1, 1), split into a cheap and a dear regime where their medians part."""
+    (``grid``, 1, 1), split into a cheap and a dear regime where their medians part; without
+    ``grid``, at the up-projection's (``up_grid``, read off the same grouping)."""
     graphs = group_kernels(trace)
+    if grid is None:
+        grid = _up_grid(graphs.target, kernel)
     steps = []
     for group in graphs.target:
         found = [k.get("dur", 0) for k in group if kernel in k["name"] and _grid(k) == [grid, 1, 1]]
@@ -140,8 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     check_paths(p, args.trace, args.out)
     try:
         trace = load_trace(args.trace)
-        grid = args.grid if args.grid is not None else up_grid(trace, args.kernel)
-        result = {"trace": args.trace.name} | regimes(trace, args.kernel, grid)
+        result = {"trace": args.trace.name} | regimes(trace, args.kernel, args.grid)
     except ValueError as exc:
         p.exit(2, f"moe_regimes: {args.trace}: {exc}\n")
     return emit(result, args.out)

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import statistics
 import sys
 import tempfile
@@ -43,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from sglang_ext_tools.json_out import emit
+from sglang_ext_tools.trace_breakdown import load_trace
 
 HIGHEST = -(2**10)  # past any device's range: PyTorch maps it to the highest priority
 LARGE = 8192  # a LARGE^3 bf16 GEMM: ~1.5 ms on an H100, hundreds of waves of blocks
@@ -78,7 +78,7 @@ def fractions(kernels: Sequence[Mapping[str, Any]]) -> list[float]:
 
 
 def _kernels(trace_path: Path) -> list[dict[str, Any]]:
-    events = json.loads(trace_path.read_text()).get("traceEvents", [])
+    events = load_trace(trace_path).get("traceEvents", [])
     return [e for e in events if e.get("ph") == "X" and e.get("cat") == "kernel"]
 
 

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from sglang_ext_tools.bench_speed import over_own_baselines, server_groups
-from sglang_ext_tools.moe_regimes import load_trace, regimes, up_grid
+from sglang_ext_tools.moe_regimes import load_trace, regimes
 from sglang_ext_tools.server_mode_verdict import cli, ready_within, verdict_head
 from sglang_ext_tools.shared_stream_verdict import place, served
 
@@ -72,7 +72,7 @@ def read_regimes(traces: Path, server: str) -> dict[str, Any] | None:
         return None
     try:
         trace = load_trace(path)
-        return regimes(trace, KERNEL, up_grid(trace, KERNEL))
+        return regimes(trace, KERNEL)  # at the up-projection's grid
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from exc
 

@@ -94,19 +94,18 @@ def _layers(model: Any, where: str, value: str) -> list[Any]:
     return layers
 
 
-def serialize(model: Any, where: str, value: str = MAIN) -> list[Any]:
-    """Take the second stream from every such layer of ``model``; the layers taken."""
-    layers = _layers(model, where, value)
+def serialize(model: Any, where: str) -> int:
+    """Take the second stream from every such layer of ``model``; the count taken."""
+    layers = _layers(model, where, MAIN)
     for layer in layers:
         layer.alt_stream = None
-    if value == MAIN:
-        logger.info(
-            "sglang_ext: %d MoE layers of %s run their shared expert on the main stream (%s=0)",
-            len(layers),
-            type(model).__name__,
-            ENV_VAR,
-        )
-    return layers
+    logger.info(
+        "sglang_ext: %d MoE layers of %s run their shared expert on the main stream (%s=0)",
+        len(layers),
+        type(model).__name__,
+        ENV_VAR,
+    )
+    return len(layers)
 
 
 def capturing() -> bool:
@@ -183,7 +182,8 @@ def _check_joinable(layers: list[Any]) -> None:
 def join(model: Any, where: str, streams: Any = None, module: Any = None) -> int:
     """SGLang's serial path on every such layer of ``model``, its shared expert forked onto one
     new stream and joined after the routed tokens' alignment; the count changed."""
-    _check_joinable(_layers(model, where, JOIN))
+    layers = _layers(model, where, JOIN)
+    _check_joinable(layers)
     if streams is None:
         import torch
 
@@ -196,8 +196,8 @@ def join(model: Any, where: str, streams: Any = None, module: Any = None) -> int
     if fork is None:
         fork = Fork(streams.Stream(), streams)
         setattr(module, ALIGN, fork.align(original))
-    layers = serialize(model, where, JOIN)
     for i, layer in enumerate(layers):
+        layer.alt_stream = None  # SGLang's serial path, whose shared expert call is wrapped
         layer._forward_shared_experts = fork.shared(layer._forward_shared_experts, f"layer {i}")
     logger.info(
         "sglang_ext: %d MoE layers of %s fork their shared expert and join it before the "
