@@ -75,6 +75,7 @@ NOISE = "no speculation, measured again (noise of the ratios)"
 # a variant of the baseline (LABEL@nospec): no drafter, the plugin loaded with its switch
 NOSPEC_VARIANT = "no speculation"
 NOSPEC_AT = "nospec"
+NO_SETTINGS = "none"  # --settings none: no plain plugin server
 NBR_STOCK_TWIN = "nbr_false converted (stock SGLang), second server"
 NBR_PLUGIN_B = "nbr_false (plugin), second pair"
 NBR_STOCK_B = "nbr_false converted (stock SGLang), second pair"
@@ -119,6 +120,12 @@ def parse_setting(text: str) -> Setting:
             f"setting {text!r}: draft_tokens {draft} exceeds topk*steps+1 = {topk * steps + 1}"
         )
     return steps, topk, draft
+
+
+def _setting_or_none(text: str) -> Setting | None:
+    """``--settings``' type: a setting, or ``none`` (no plain plugin server: the baseline and
+    the variants alone, each ``LABEL@nospec`` or ``LABEL@STEPS,TOPK,DRAFT``)."""
+    return None if text == NO_SETTINGS else parse_setting(text)
 
 
 def _positive_int(text: str) -> int:
@@ -236,7 +243,7 @@ def server_specs(
         if second_pair:
             specs.append(spec(f"nbrfalse-plugin-b-{tag}", "nbr_plugin_b", compare))
             specs.append(spec(f"nbrfalse-stock-b-{tag}", "nbr_stock_b", compare, stock=True))
-    default = compare if compare is not None else settings[0]
+    default = compare if compare is not None else (settings[0] if settings else None)
     for text, *assignments in variants:
         label, at = variant_setting(text, default)
         if nospec_variant(text):
@@ -1524,9 +1531,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--settings",
         nargs="+",
-        type=parse_setting,
+        type=_setting_or_none,
         default=[(3, 1, 4), (5, 1, 6), (4, 4, 8)],
         metavar="STEPS,TOPK,DRAFT",
+        help="the plain plugin servers' settings; 'none' alone: no plain server (the "
+        "baseline and the variants, each naming its setting or @nospec)",
     )
     p.add_argument("--compare-setting", type=parse_setting, default=(5, 1, 6))
     p.add_argument("--batches", nargs="+", type=_positive_int, default=[1, 4, 16])
@@ -1649,6 +1658,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if bool(args.drafter_nbr_false) != bool(args.drafter_nbr_false_sglang):
         parser.error("--drafter-nbr-false and --drafter-nbr-false-sglang go together")
+    if None in args.settings:
+        if len(args.settings) > 1:
+            parser.error("--settings none: stands alone (no plain plugin server)")
+        unset = [v[0] for v in args.variant if "@" not in v[0]]
+        if not args.variant:
+            parser.error("--settings none: no --variant either, nothing beside the baseline")
+        if unset:
+            parser.error(
+                f"--settings none: variant {unset[0]!r} names no setting "
+                "(LABEL@STEPS,TOPK,DRAFT or LABEL@nospec)"
+            )
+        args.settings = []
     if len(set(args.settings)) != len(args.settings):
         parser.error(f"--settings: repeated setting in {[label(s) for s in args.settings]}")
     if args.drafter_nbr_false and args.compare_setting not in args.settings:

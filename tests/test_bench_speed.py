@@ -1533,3 +1533,50 @@ def test_the_shared_expert_on_the_main_stream_pays_in_every_committed_pair():
     assert rows[("serial-c", "spec-3-1-4-serial")]["eta_same_switch"] == pytest.approx(
         0.82, abs=0.01
     )
+
+
+def test_settings_none_runs_the_baseline_and_the_variants_alone(prompts_file, tmp_path,
+                                                                 monkeypatch, capsys):
+    """``--settings none``: no plain plugin server, so a short lease measures only what its
+    variants switch; a variant must name its setting then, and none at all is refused."""
+    variants = ["--variant", "join@nospec:S=join", "--variant", "serial@nospec:S=0",
+                "--variant", "join@3,1,4:S=join"]  # fmt: skip
+    for extra, said in (
+        (["--settings", "none", "3,1,4", *variants], "stands alone"),
+        (["--settings", "none"], "nothing beside the baseline"),
+        (["--settings", "none", "--variant", "join:S=join"], "'join' names no setting"),
+    ):
+        with pytest.raises(SystemExit):
+            bs.parse_args(_argv(prompts_file, *extra, nbr=False))
+        assert said in capsys.readouterr().err
+    speed = {"nospec": 100.0, "nospec-join": 107.0, "nospec-serial": 110.0,
+             "spec-3-1-4-join": 90.0}  # fmt: skip
+
+    def fake_run(server, prompts, concurrency, max_new_tokens):
+        results, wall = _fake_requests(server.name, len(prompts), max_new_tokens,
+                                       speed[server.name], jitter=1 / 50)  # fmt: skip
+        if server.draft is None:
+            for r in results:
+                r.acceptance = Acceptance(verify_steps=None)
+        return results, wall
+
+    monkeypatch.setattr(bs, "start_all", _all_ready)
+    monkeypatch.setattr(bs, "stop_all", lambda servers: None)
+    monkeypatch.setattr(Server, "alive", lambda self: True)
+    monkeypatch.setattr(Server, "wait_gone", lambda self: True)
+    monkeypatch.setattr(bs, "_run", fake_run)
+    monkeypatch.setattr(bs, "gpu_info", lambda: {"name": "FakeGPU"})
+    out_json = tmp_path / "r.json"
+    argv = _argv(prompts_file, "--settings", "none", *variants, "--at-once", "2", "--batches",
+                 "1", "--rounds", "1", "--batch1-requests", "8", "--max-new-tokens", "64",
+                 "--log-dir", str(tmp_path / "logs"), "--out-json", str(out_json), nbr=False)  # fmt: skip
+    assert bs.main(argv) == 0
+    data = json.loads(out_json.read_text())
+    assert [s["name"] for s in data["servers"]] == [
+        "nospec", "nospec-join", "nospec-serial", "spec-3-1-4-join"]  # fmt: skip
+    assert data["settings"] == []
+    rows = {r["server"]: r for r in data["rows"]}
+    assert set(rows) == {"nospec-join", "nospec-serial", "spec-3-1-4-join"}
+    assert rows["nospec-join"]["speedup"] == pytest.approx(1.07, abs=0.01)
+    assert rows["spec-3-1-4-join"]["speedup"] == pytest.approx(0.90, abs=0.01)
+    assert rows["spec-3-1-4-join"]["tau"] == 4.0
