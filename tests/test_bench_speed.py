@@ -1569,7 +1569,8 @@ def test_settings_none_runs_the_baseline_and_the_variants_alone(prompts_file, tm
     out_json = tmp_path / "r.json"
     argv = _argv(prompts_file, "--settings", "none", *variants, "--at-once", "2", "--batches",
                  "1", "--rounds", "1", "--batch1-requests", "8", "--max-new-tokens", "64",
-                 "--log-dir", str(tmp_path / "logs"), "--out-json", str(out_json), nbr=False)  # fmt: skip
+                 "--log-dir", str(tmp_path / "logs"), "--out-json", str(out_json),
+                 nbr=False)  # fmt: skip
     assert bs.main(argv) == 0
     data = json.loads(out_json.read_text())
     assert [s["name"] for s in data["servers"]] == [
