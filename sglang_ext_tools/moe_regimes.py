@@ -16,7 +16,8 @@ This tool groups one kernel's instances at one grid by the target graph launch t
 where those medians fall into two clusters (the widest gap between sorted step medians, the
 upper cluster's median at least ``MIN_RATIO`` times the lower's), and gives per regime the step
 count, the kernel's median, the step period (one target launch's first kernel to the next's),
-and the runs of consecutive steps.
+the MoE span (a step's first instance to its last: the GPU's own time through the MoE layers,
+which a host-bound step's period hides), and the runs of consecutive steps.
 
     python -m sglang_ext_tools.moe_regimes --trace T.trace.json.gz [--grid GRID] \
         [--kernel fused_moe_kernel] [--out regimes.json]
@@ -102,9 +103,18 @@ def regimes(trace: Mapping[str, Any], kernel: str, grid: int | None = None) -> d
         grid = _up_grid(graphs.target, kernel)
     steps = []
     for group in graphs.target:
-        found = [k.get("dur", 0) for k in group if kernel in k["name"] and _grid(k) == [grid, 1, 1]]
+        found = [k for k in group if kernel in k["name"] and _grid(k) == [grid, 1, 1]]
         if found:
-            steps.append({"start": min(k["ts"] for k in group), "us": found})
+            starts = [k["ts"] for k in found]
+            steps.append(
+                {
+                    "start": min(k["ts"] for k in group),
+                    "us": [k.get("dur", 0) for k in found],
+                    # first instance's start to the last's: the GPU's own time through the
+                    # MoE layers, whatever the host added between steps
+                    "span_ms": (max(starts) - min(starts)) / 1000,
+                }
+            )
     if not steps:
         raise ValueError(f"no target graph launch ran {kernel} at grid [{grid}, 1, 1]")
     steps.sort(key=lambda s: s["start"])
@@ -134,6 +144,7 @@ def regimes(trace: Mapping[str, Any], kernel: str, grid: int | None = None) -> d
             "steps": len(mine),
             "kernel_median_us": _median([u for s in mine for u in s["us"]]),
             "step_period_median_ms": _median(periods),
+            "moe_span_median_ms": _median([s["span_ms"] for s in mine]),
         }
     cheap, dear = (
         out["regimes"].get(r, {}).get("step_period_median_ms") for r in ("cheap", "dear")

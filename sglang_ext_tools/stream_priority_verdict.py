@@ -132,6 +132,15 @@ def _period(read: Mapping[str, Any] | None) -> float | None:
     return max(periods) if periods else None
 
 
+def _span(read: Mapping[str, Any] | None) -> float | None:
+    """The slowest regime's median MoE span (recorded beside the period: a step the host held
+    up has a period longer than its GPU work, the span does not)."""
+    if read is None:
+        return None
+    spans = [r.get("moe_span_median_ms") for r in read["regimes"].values()]
+    return max((s for s in spans if s is not None), default=None)
+
+
 def verdict_for(label: str, table: Mapping[str, Any]):
     """The reading of a run that sets a shared-stream candidate (roles ``LABEL`` at 3/1/4 and
     ``LABEL_nospec``) against the serial switch and SGLang's stream, with ``table``'s registered
@@ -163,8 +172,11 @@ def verdict_for(label: str, table: Mapping[str, Any]):
                 else {"low": bounds[0], "high": bounds[1], "point": bounds[2]},
                 "reading": "recorded" if bounds is None else place(point, ci, *bounds[:2]),
             }
+        # a server the bench's limit stopped before it served is read as not run
+        ran = {n for n, s in servers.items() if s.get("status") == "ready"}
+        not_run = [r for r, n in roles.items() if n not in ran]
         switched = (label, nospec, "serial", "serial_nospec")
-        logs = {r: read_log(traces, roles[r]) for r in switched if r in roles}
+        logs = {r: read_log(traces, roles[r]) for r in switched if roles.get(r) in ran}
         if any(logs.values()):  # the server logs unpacked beside the traces
             checks["logs_name_every_moe_layer"] = all(
                 (log or {}).get("moe_layers") == MOE_LAYERS for log in logs.values()
@@ -177,8 +189,10 @@ def verdict_for(label: str, table: Mapping[str, Any]):
             **verdict_head(bench, where, roles),
             "bounds": {"cheap_factor": CHEAP_FACTOR, "hidden_factor": HIDDEN_FACTOR},
             "ready_within_150s": ready_within([s.get("ready_after_s") for s in servers.values()]),
+            **({"not_run": not_run} if not_run else {}),
             "regimes": reads,
             "step_period_ms": {nospec: period, "serial_nospec": serial_period},
+            "moe_span_ms": {r: _span(reads[r]) for r in (nospec, "serial_nospec")},
             **({"logs": logs} if any(logs.values()) else {}),
             "checks": checks,
             "speed": speed,

@@ -115,3 +115,12 @@ def test_the_command_reads_the_up_projection_grid_and_never_writes_over(tmp_path
     with pytest.raises(SystemExit):
         mr.main(["--trace", str(path), "--out", str(out)])
     assert "regimes.json: exists; not overwriting it" in capsys.readouterr().err
+
+
+def test_the_moe_span_is_the_gpus_own_time_whatever_the_period():
+    """A step's first up-projection to its last: the same 0.2 ms at a period of 1 ms or of
+    2 ms (a host that holds the next launch back lengthens the period, not the span)."""
+    for period in (1000.0, 2000.0):
+        out = mr.regimes(trace([26, 26, 26], period), UP, 128)
+        assert out["regimes"]["one"]["moe_span_median_ms"] == 0.2
+        assert out["regimes"]["one"]["step_period_median_ms"] == period / 1000
