@@ -3,6 +3,10 @@ stream-priority run was (each server over its own group's baseline; the servers'
 
 from __future__ import annotations
 
+import json
+import tarfile
+from pathlib import Path
+
 import pytest
 
 from sglang_ext_tools import join_verdict as jv
@@ -71,3 +75,33 @@ def test_the_logs_say_whether_every_join_server_captured_its_forks(tmp_path, nos
     assert v["logs"]["join"] == {"moe_layers": 60, "forks": 9600}
     assert v["checks"]["logs_name_every_moe_layer"] is True
     assert v["checks"]["join_forks_captured"] is held
+
+
+JOIN_RUN = (Path(__file__).resolve().parents[1]
+            / "tests/gpu/results/seed-shape-2026-12-07-join-nvidia-h100-sglang0.5.23")  # fmt: skip
+
+
+def test_the_short_lease_join_run_reproduces_its_committed_verdict(tmp_path):
+    """The run that went out (2026-12-07, twenty-fifth session, ``--settings none``; the
+    bench's limit stopped ``serial`` 3/1/4 as it started): no dear step in ``join@nospec``,
+    ``join@nospec`` over ``serial@nospec`` and the η ceiling within their ranges, the two
+    readings that need the servers not run unread. The period check missed (the profiled join
+    steps waited on the host: 7.57 ms a step against 6.57 ms of MoE span) is held as
+    committed."""
+    for part in ("moe-traces", "server-logs"):
+        with tarfile.open(f"{JOIN_RUN}-{part}.tgz") as tgz:
+            tgz.extractall(tmp_path, filter="data")
+    data = json.loads(Path(f"{JOIN_RUN}-speed.json").read_text())
+    v = jv.verdict(data, tmp_path, jv.ROLES, f"{JOIN_RUN.name}-speed.json")
+    committed = json.loads(Path(f"{JOIN_RUN}-verdict.json").read_text())
+    assert json.loads(json.dumps(v)) == committed
+    assert committed["not_run"] == ["plain", "serial"]
+    assert committed["checks"] == {
+        "join_nospec_no_dear_step": True, "join_verify_no_dear_step": None,
+        "join_nospec_hides_the_shared_expert": False, "logs_name_every_moe_layer": True,
+        "join_forks_captured": True}  # fmt: skip
+    assert [committed["speed"][k]["reading"] for k in jv.SPEED] == [
+        "within", "unread", "unread", "within", "recorded"]  # fmt: skip
+    span, period = committed["moe_span_ms"], committed["step_period_ms"]
+    assert span["join_nospec"] < 0.95 * span["serial_nospec"]
+    assert period["join_nospec"] > 0.95 * period["serial_nospec"]
