@@ -30,6 +30,9 @@ routed experts are not in place (the shared expert then runs after them); a fork
 alignment joined (another MoE runner), when the next layer forks, at capture, before serving;
 and a target whose CUDA graphs captured no fork at all (``ModelRunner.init_cuda_graphs``: no
 full decode graph), where the shared expert would run in line, as ``0``, without a word.
+Measured on an H100 (2026-12-07, twenty-fifth session): 1.05x over ``0`` without speculation,
+every step's up-projection at the cheap 26.5 µs, the 60 MoE layers 6.57 ms a step against
+``0``'s 7.36 (README).
 The outputs are the same sums in another order. A target without a dual-stream layer is refused
 by name rather than served unchanged.
 """
