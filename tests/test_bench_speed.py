@@ -442,6 +442,16 @@ def test_main_with_fake_servers_writes_partial_results(
         assert out_png.read_bytes()[:4] == b"\x89PNG"
 
 
+def _fake_servers(monkeypatch, fake_run):
+    """Every server up at once and measured by ``fake_run`` (bench_speed._run's stand-in)."""
+    monkeypatch.setattr(bs, "start_all", _all_ready)
+    monkeypatch.setattr(bs, "stop_all", lambda servers: None)
+    monkeypatch.setattr(Server, "alive", lambda self: True)
+    monkeypatch.setattr(Server, "wait_gone", lambda self: True)
+    monkeypatch.setattr(bs, "_run", fake_run)
+    monkeypatch.setattr(bs, "gpu_info", lambda: {"name": "FakeGPU"})
+
+
 def _pair_run(prompts_file, tmp_path, monkeypatch, speed, flag):
     """bench_speed's main on faked servers (tok/s per server name, 2 % jitter), 3/1/4 and
     its nbr-false pair with ``flag``, four at a time: the result JSON."""
@@ -450,12 +460,7 @@ def _pair_run(prompts_file, tmp_path, monkeypatch, speed, flag):
         name = server.name
         return _fake_requests(name, len(prompts), max_new_tokens, speed[name], jitter=1 / 50)
 
-    monkeypatch.setattr(bs, "start_all", _all_ready)
-    monkeypatch.setattr(bs, "stop_all", lambda servers: None)
-    monkeypatch.setattr(Server, "alive", lambda self: True)
-    monkeypatch.setattr(Server, "wait_gone", lambda self: True)
-    monkeypatch.setattr(bs, "_run", fake_run)
-    monkeypatch.setattr(bs, "gpu_info", lambda: {"name": "FakeGPU"})
+    _fake_servers(monkeypatch, fake_run)
     out_json = tmp_path / "r.json"
     argv = _argv(prompts_file, "--settings", "3,1,4", "--compare-setting", "3,1,4",
                  flag, "--at-once", "4", "--batches", "1", "--rounds", "2",
@@ -1560,12 +1565,7 @@ def test_settings_none_runs_the_baseline_and_the_variants_alone(prompts_file, tm
                 r.acceptance = Acceptance(verify_steps=None)
         return results, wall
 
-    monkeypatch.setattr(bs, "start_all", _all_ready)
-    monkeypatch.setattr(bs, "stop_all", lambda servers: None)
-    monkeypatch.setattr(Server, "alive", lambda self: True)
-    monkeypatch.setattr(Server, "wait_gone", lambda self: True)
-    monkeypatch.setattr(bs, "_run", fake_run)
-    monkeypatch.setattr(bs, "gpu_info", lambda: {"name": "FakeGPU"})
+    _fake_servers(monkeypatch, fake_run)
     out_json = tmp_path / "r.json"
     argv = _argv(prompts_file, "--settings", "none", *variants, "--at-once", "2", "--batches",
                  "1", "--rounds", "1", "--batch1-requests", "8", "--max-new-tokens", "64",

@@ -3,14 +3,12 @@ stream-priority run was (each server over its own group's baseline; the servers'
 
 from __future__ import annotations
 
-import json
-import tarfile
 from pathlib import Path
 
 import pytest
 
 from sglang_ext_tools import join_verdict as jv
-from tests.test_stream_priority_verdict import bench, steps, write
+from tests.test_stream_priority_verdict import bench, reread, steps, write
 
 SPEEDS = {"spec-3-1-4": 0.78, "spec-3-1-4-join": 0.935, "nospec-join": 1.15,
           "nospec-serial": 1.08, "spec-3-1-4-serial": 0.89}  # fmt: skip
@@ -88,13 +86,7 @@ def test_the_short_lease_join_run_reproduces_its_committed_verdict(tmp_path):
     readings that need the servers not run unread. The period check missed (the profiled join
     steps waited on the host: 7.57 ms a step against 6.57 ms of MoE span) is held as
     committed."""
-    for part in ("moe-traces", "server-logs"):
-        with tarfile.open(f"{JOIN_RUN}-{part}.tgz") as tgz:
-            tgz.extractall(tmp_path, filter="data")
-    data = json.loads(Path(f"{JOIN_RUN}-speed.json").read_text())
-    v = jv.verdict(data, tmp_path, jv.ROLES, f"{JOIN_RUN.name}-speed.json")
-    committed = json.loads(Path(f"{JOIN_RUN}-verdict.json").read_text())
-    assert json.loads(json.dumps(v)) == committed
+    committed = reread(JOIN_RUN, jv, tmp_path, ("moe-traces", "server-logs"))
     assert committed["not_run"] == ["plain", "serial"]
     assert committed["checks"] == {
         "join_nospec_no_dear_step": True, "join_verify_no_dear_step": None,

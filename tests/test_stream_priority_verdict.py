@@ -123,15 +123,23 @@ def test_a_missing_traces_folder_is_named(tmp_path):
         pv.verdict(bench(SPEEDS), tmp_path / "nothere", pv.ROLES, "speed.json")
 
 
+def reread(run: Path, module, folder: Path, parts=("moe-traces",)) -> dict:
+    """A committed run's verdict read again by ``module`` from its committed archives
+    (``parts``, unpacked into ``folder``), held equal to the committed verdict file; that file."""
+    for part in parts:
+        with tarfile.open(f"{run}-{part}.tgz") as tgz:
+            tgz.extractall(folder, filter="data")
+    data = json.loads(Path(f"{run}-speed.json").read_text())
+    v = module.verdict(data, folder, module.ROLES, f"{run.name}-speed.json")
+    committed = json.loads(Path(f"{run}-verdict.json").read_text())
+    assert json.loads(json.dumps(v)) == committed
+    return committed
+
+
 def test_the_high_run_reproduces_its_committed_verdict(tmp_path):
     """The run that went out (2026-12-07, twenty-fourth session): every step of the ``high``
     servers dear, every registered ratio below its range but the η ceiling's."""
-    with tarfile.open(f"{HIGH_RUN}-moe-traces.tgz") as tgz:
-        tgz.extractall(tmp_path, filter="data")
-    data = json.loads(Path(f"{HIGH_RUN}-speed.json").read_text())
-    v = pv.verdict(data, tmp_path, pv.ROLES, f"{HIGH_RUN.name}-speed.json")
-    committed = json.loads(Path(f"{HIGH_RUN}-verdict.json").read_text())
-    assert json.loads(json.dumps(v)) == committed
+    committed = reread(HIGH_RUN, pv, tmp_path)
     assert set(committed["checks"].values()) == {False}
     assert [committed["speed"][k]["reading"] for k in pv.SPEED] == (
         ["below"] * 3 + ["within", "recorded"]
