@@ -222,3 +222,27 @@ def test_the_fifteenth_sessions_registered_command_plans_three_pairs_or_one_grou
     monkeypatch.setattr(bs, "gpu_info", lambda: {"name": "H200", "memory_total_mib": H200_MIB})
     dry = _seed_shape_dry_run(rank_shape_on_h100, capsys, "5,1,6", *variants)
     assert dry["groups"] == [["nospec", "spec-5-1-6", "spec-5-1-6-nopdl", "spec-5-1-6-fresh"]]
+
+
+def test_the_twenty_fifth_sessions_h200_command_plans_three_groups(
+    rank_shape_on_h100, monkeypatch, capsys
+):
+    """#24's next registered run (docs/next-device-sessions.md, twenty-fifth session): the
+    trained pipeline's settings and pair with three `join` variants. On an H200: each
+    variant in its plain server's group, `join@nospec` beside the plugin/stock pair."""
+    monkeypatch.setattr(bs, "gpu_info", lambda: {"name": "H200", "memory_total_mib": H200_MIB})
+    drafter = rank_shape_on_h100[3]
+    dry = _seed_shape_dry_run(
+        rank_shape_on_h100, capsys, "3,1,4", "5,1,6", "3,4,5", "--drafter-nbr-false", drafter,
+        "--drafter-nbr-false-sglang", drafter, "--compare-setting", "3,1,4",
+        "--variant", "join@nospec:SGLANG_EXT_MOE_SHARED_STREAM=join",
+        "--variant", "join@5,1,6:SGLANG_EXT_MOE_SHARED_STREAM=join",
+        "--variant", "join@3,4,5:SGLANG_EXT_MOE_SHARED_STREAM=join")  # fmt: skip
+    assert dry["groups"] == [
+        ["nospec", "spec-3-1-4", "spec-5-1-6", "spec-5-1-6-join"],
+        ["nospec", "spec-3-4-5", "spec-3-4-5-join"],
+        ["nospec", "nbrfalse-plugin-3-1-4", "nbrfalse-stock-3-1-4", "nospec-join"],
+    ]  # fmt: skip
+    env = {s["name"]: s.get("env", {}) for s in dry["servers"]}
+    assert all(env[n]["SGLANG_EXT_MOE_SHARED_STREAM"] == "join" for n in env if "join" in n)
+    assert not any("SGLANG_EXT_MOE_SHARED_STREAM" in env[n] for n in env if "join" not in n)
