@@ -1661,9 +1661,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if None in args.settings:
         if len(args.settings) > 1:
             parser.error("--settings none: stands alone (no plain plugin server)")
-        unset = [v[0] for v in args.variant if "@" not in v[0]]
         if not args.variant:
             parser.error("--settings none: no --variant either, nothing beside the baseline")
+        unset = [v[0] for v in args.variant if "@" not in v[0]]
         if unset:
             parser.error(
                 f"--settings none: variant {unset[0]!r} names no setting "

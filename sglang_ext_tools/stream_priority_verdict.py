@@ -119,26 +119,14 @@ def _cheap(read: Mapping[str, Any] | None, serial: Mapping[str, Any] | None) -> 
     return all(r["kernel_median_us"] <= CHEAP_FACTOR * clear for r in read["regimes"].values())
 
 
-def _period(read: Mapping[str, Any] | None) -> float | None:
-    """The slowest regime's median step period: a server hides the shared expert only where
-    every stretch of its steps does."""
+def _slowest(read: Mapping[str, Any] | None, key: str) -> float | None:
+    """The slowest regime's ``key``: its median step period (a server hides the shared expert
+    only where every stretch of its steps does) or its median MoE span (recorded beside the
+    period: a step the host held up has a period longer than its GPU work, the span does not)."""
     if read is None:
         return None
-    periods = [
-        r["step_period_median_ms"]
-        for r in read["regimes"].values()
-        if r["step_period_median_ms"] is not None
-    ]
-    return max(periods) if periods else None
-
-
-def _span(read: Mapping[str, Any] | None) -> float | None:
-    """The slowest regime's median MoE span (recorded beside the period: a step the host held
-    up has a period longer than its GPU work, the span does not)."""
-    if read is None:
-        return None
-    spans = [r.get("moe_span_median_ms") for r in read["regimes"].values()]
-    return max((s for s in spans if s is not None), default=None)
+    values = [r.get(key) for r in read["regimes"].values()]
+    return max((v for v in values if v is not None), default=None)
 
 
 def verdict_for(label: str, table: Mapping[str, Any]):
@@ -152,7 +140,9 @@ def verdict_for(label: str, table: Mapping[str, Any]):
     ) -> dict[str, Any]:
         servers = served(bench, traces)
         reads = {r: read_regimes(traces, n) if n in servers else None for r, n in roles.items()}
-        period, serial_period = _period(reads[nospec]), _period(reads["serial_nospec"])
+        period, serial_period = (
+            _slowest(reads[r], "step_period_median_ms") for r in (nospec, "serial_nospec")
+        )
         checks = {
             f"{nospec}_no_dear_step": _cheap(reads[nospec], reads["serial_nospec"]),
             f"{label}_verify_no_dear_step": _cheap(reads[label], reads["serial"]),
@@ -192,7 +182,9 @@ def verdict_for(label: str, table: Mapping[str, Any]):
             **({"not_run": not_run} if not_run else {}),
             "regimes": reads,
             "step_period_ms": {nospec: period, "serial_nospec": serial_period},
-            "moe_span_ms": {r: _span(reads[r]) for r in (nospec, "serial_nospec")},
+            "moe_span_ms": {
+                r: _slowest(reads[r], "moe_span_median_ms") for r in (nospec, "serial_nospec")
+            },
             **({"logs": logs} if any(logs.values()) else {}),
             "checks": checks,
             "speed": speed,

@@ -195,7 +195,7 @@ def join(model: Any, where: str, streams: Any = None, module: Any = None) -> int
     original = getattr(module, ALIGN, None)
     if not callable(original):
         raise AttributeError(f"{ALIGN_MODULE}.{ALIGN}: not found; {ENV_VAR}=join cannot apply")
-    fork = getattr(original, "sglang_ext_join", None)
+    fork = current_fork(module)
     if fork is None:
         fork = Fork(streams.Stream(), streams)
         setattr(module, ALIGN, fork.align(original))
