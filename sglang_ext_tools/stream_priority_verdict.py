@@ -160,7 +160,9 @@ def verdict_for(label: str, table: Mapping[str, Any]):
                 "registered": None
                 if bounds is None
                 else {"low": bounds[0], "high": bounds[1], "point": bounds[2]},
-                "reading": "recorded" if bounds is None else place(point, ci, *bounds[:2]),
+                "reading": place(point, ci, *bounds[:2])
+                if bounds is not None
+                else ("recorded" if point is not None else "unread"),
             }
         # a server the bench's limit stopped before it served is read as not run
         ran = {n for n, s in servers.items() if s.get("status") == "ready"}
@@ -171,9 +173,10 @@ def verdict_for(label: str, table: Mapping[str, Any]):
             checks["logs_name_every_moe_layer"] = all(
                 (log or {}).get("moe_layers") == MOE_LAYERS for log in logs.values()
             )
-            if label == "join":
-                checks["join_forks_captured"] = all(
-                    ((logs[r] or {}).get("forks") or 0) > 0 for r in (label, nospec)
+            forked = [logs[r] for r in (label, nospec) if r in logs]
+            if label == "join":  # None where no join server served
+                checks["join_forks_captured"] = (
+                    all(((log or {}).get("forks") or 0) > 0 for log in forked) if forked else None
                 )
         return {
             **verdict_head(bench, where, roles),

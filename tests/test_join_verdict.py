@@ -3,11 +3,14 @@ stream-priority run was (each server over its own group's baseline; the servers'
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
+from sglang_ext_tools import bench_speed as bs
 from sglang_ext_tools import join_verdict as jv
+from sglang_ext_tools.shared_stream_verdict import place
 from tests.test_stream_priority_verdict import bench, reread, steps, write
 
 SPEEDS = {"spec-3-1-4": 0.78, "spec-3-1-4-join": 0.935, "nospec-join": 1.15,
@@ -97,3 +100,67 @@ def test_the_short_lease_join_run_reproduces_its_committed_verdict(tmp_path):
     span, period = committed["moe_span_ms"], committed["step_period_ms"]
     assert span["join_nospec"] < 0.95 * span["serial_nospec"]
     assert period["join_nospec"] > 0.95 * period["serial_nospec"]
+
+
+def test_a_run_without_the_nospec_pair_reads_what_ran(tmp_path):
+    """The H100 branch's 3/1/4 run (no ``join@nospec``, no ``serial@nospec``): the checks and
+    ratios that need them unread (None), the forks check on the ``join`` server that ran."""
+    ran = {s: v for s, v in SPEEDS.items() if not s.startswith("nospec-")}
+    write(tmp_path, {
+        "nospec": steps([26] * 10, 7600, 128),
+        "spec-3-1-4": steps([63] * 10, 10300, 512),
+        "spec-3-1-4-join": steps([32] * 10, 8900, 512),
+        "spec-3-1-4-serial": steps([31] * 10, 9350, 512),
+    })  # fmt: skip
+    log(tmp_path, "spec-3-1-4-join", 60, 180)
+    log(tmp_path, "spec-3-1-4-serial", 60, switch="0")
+    data = bench(ran, "join")
+    v = jv.verdict(data, tmp_path, jv.ROLES, "speed.json")
+    assert v["not_run"] == ["join_nospec", "serial_nospec"]
+    assert v["checks"] == {
+        "join_nospec_no_dear_step": None, "join_verify_no_dear_step": True,
+        "join_nospec_hides_the_shared_expert": None, "logs_name_every_moe_layer": True,
+        "join_forks_captured": True}  # fmt: skip
+    assert [v["speed"][k]["reading"] for k in jv.SPEED] == [
+        "unread", "within", "within", "unread", "unread"]  # fmt: skip
+    log(tmp_path, "spec-3-1-4-join", 60)  # a join server whose graphs captured no fork
+    again = jv.verdict(data, tmp_path, jv.ROLES, "speed.json")
+    assert again["checks"]["join_forks_captured"] is False
+
+
+RUN_314 = JOIN_RUN.with_name("seed-shape-2026-12-07-join-314-nvidia-h100-sglang0.5.23")
+
+
+def test_the_join_314_run_reproduces_its_committed_verdict(tmp_path):
+    """The H100 branch as registered (2026-12-07, twenty-sixth session): ``join`` 3/1/4 over
+    ``serial`` 3/1/4 and over plain 3/1/4 within their ranges, no dear verify step, 60 layers
+    and the forks in the logs; the nospec rows unread (not in this run)."""
+    committed = reread(RUN_314, jv, tmp_path, ("moe-traces", "server-logs"))
+    assert committed["not_run"] == ["join_nospec", "serial_nospec"]
+    assert committed["checks"] == {
+        "join_nospec_no_dear_step": None, "join_verify_no_dear_step": True,
+        "join_nospec_hides_the_shared_expert": None, "logs_name_every_moe_layer": True,
+        "join_forks_captured": True}  # fmt: skip
+    assert [committed["speed"][k]["reading"] for k in jv.SPEED] == [
+        "unread", "within", "within", "unread", "unread"]  # fmt: skip
+
+
+BATCH_RUN = JOIN_RUN.with_name("seed-shape-2026-12-07-join-batch-nvidia-h100-sglang0.5.23")
+
+
+def test_the_join_batch_run_rebuilds_to_its_rows_and_reads_as_registered():
+    """Batches 4 and 16, three rounds (twenty-sixth session): the committed rows follow from
+    the run's measurements; ``join@nospec`` over the stock baseline inside its registered
+    ranges (1.05-1.20 at 4, 0.95-1.12 at 16), and only ``serial@nospec`` below 1.00 at 16."""
+    data = json.loads(Path(f"{BATCH_RUN}-speed.json").read_text())
+    fresh = json.loads(json.dumps(bs.rebuild(data, "batch")))
+    rows = {(r["server"], r["batch"]): r for r in data["rows"]}
+    for row in fresh["rows"]:
+        again = rows[(row["server"], row["batch"])]
+        assert (row["speedup"], row["speedup_ci95"]) == (again["speedup"], again["speedup_ci95"])
+    registered = {4: (1.05, 1.20), 16: (0.95, 1.12)}
+    for batch, (low, high) in registered.items():
+        r = rows[("nospec-join", batch)]
+        assert place(r["speedup"], r["speedup_ci95"], low, high) == "within"
+    below = [k for k, r in rows.items() if r["speedup_ci95"][1] < 1.0]
+    assert below == [("nospec-serial", 16)]
