@@ -246,3 +246,20 @@ def test_the_twenty_fifth_sessions_h200_command_plans_three_groups(
     env = {s["name"]: s.get("env", {}) for s in dry["servers"]}
     assert all(env[n]["SGLANG_EXT_MOE_SHARED_STREAM"] == "join" for n in env if "join" in n)
     assert not any("SGLANG_EXT_MOE_SHARED_STREAM" in env[n] for n in env if "join" not in n)
+
+
+def test_the_twenty_sixth_sessions_h100_trained_command_plans_three_pairs(
+    rank_shape_on_h100, capsys
+):
+    """#24's next registered run where no H200 comes (docs/next-device-sessions.md,
+    twenty-sixth session): the trained pipeline on an H100 with 5/1/6, `join` 5/1/6 and
+    `join@nospec`, no plugin/stock pair. Three pairs with the baseline, as the tenth run's."""
+    dry = _seed_shape_dry_run(
+        rank_shape_on_h100, capsys, "5,1,6",
+        "--variant", "join@5,1,6:SGLANG_EXT_MOE_SHARED_STREAM=join",
+        "--variant", "join@nospec:SGLANG_EXT_MOE_SHARED_STREAM=join")  # fmt: skip
+    # the variants in the order given: a lease cut before the last pair keeps `join` 5/1/6,
+    # whose η over the stock baseline is #24's reading
+    assert dry["groups"] == [
+        ["nospec", "spec-5-1-6"], ["nospec", "spec-5-1-6-join"], ["nospec", "nospec-join"]
+    ]  # fmt: skip

@@ -32,7 +32,9 @@ and a target whose CUDA graphs captured no fork at all (``ModelRunner.init_cuda_
 full decode graph), where the shared expert would run in line, as ``0``, without a word.
 Measured on an H100 (2026-12-07, twenty-fifth session): 1.05x over ``0`` without speculation,
 every step's up-projection at the cheap 26.5 µs, the 60 MoE layers 6.57 ms a step against
-``0``'s 7.36 (README).
+``0``'s 7.36; and (twenty-sixth session) 1.07x over ``0`` and 1.18x over SGLang's stream at
+3/1/4, 1.16x over SGLang's stream without speculation at batch 4, level at 16, where ``0``
+lost (0.95x) (README).
 The outputs are the same sums in another order. A target without a dual-stream layer is refused
 by name rather than served unchanged.
 """
