@@ -90,16 +90,27 @@ def test_the_short_lease_join_run_reproduces_its_committed_verdict(tmp_path):
     steps waited on the host: 7.57 ms a step against 6.57 ms of MoE span) is held as
     committed."""
     committed = reread(JOIN_RUN, jv, tmp_path, ("moe-traces", "server-logs"))
-    assert committed["not_run"] == ["plain", "serial"]
-    assert committed["checks"] == {
-        "join_nospec_no_dear_step": True, "join_verify_no_dear_step": None,
-        "join_nospec_hides_the_shared_expert": False, "logs_name_every_moe_layer": True,
-        "join_forks_captured": True}  # fmt: skip
-    assert [committed["speed"][k]["reading"] for k in jv.SPEED] == [
-        "within", "unread", "unread", "within", "recorded"]  # fmt: skip
+    reads_as(committed, ["plain", "serial"], (True, None, False, True, True),
+             ["within", "unread", "unread", "within", "recorded"])  # fmt: skip
     span, period = committed["moe_span_ms"], committed["step_period_ms"]
     assert span["join_nospec"] < 0.95 * span["serial_nospec"]
     assert period["join_nospec"] > 0.95 * period["serial_nospec"]
+
+
+CHECKS = ("join_nospec_no_dear_step", "join_verify_no_dear_step",
+          "join_nospec_hides_the_shared_expert", "logs_name_every_moe_layer",
+          "join_forks_captured")  # fmt: skip
+# a 3/1/4 run without the nospec pair: what needs join@nospec or serial@nospec unread
+ALONE_314 = (["join_nospec", "serial_nospec"], (None, True, None, True, True),
+             ["unread", "within", "within", "unread", "unread"])  # fmt: skip
+
+
+def reads_as(v: dict, not_run: list, checks: tuple, readings: list) -> None:
+    """A verdict's servers not run, its checks (in ``CHECKS``' order) and its ratios'
+    readings (in ``SPEED``'s)."""
+    assert v["not_run"] == not_run
+    assert v["checks"] == dict(zip(CHECKS, checks, strict=True))
+    assert [v["speed"][k]["reading"] for k in jv.SPEED] == readings
 
 
 def test_a_run_without_the_nospec_pair_reads_what_ran(tmp_path):
@@ -115,14 +126,7 @@ def test_a_run_without_the_nospec_pair_reads_what_ran(tmp_path):
     log(tmp_path, "spec-3-1-4-join", 60, 180)
     log(tmp_path, "spec-3-1-4-serial", 60, switch="0")
     data = bench(ran, "join")
-    v = jv.verdict(data, tmp_path, jv.ROLES, "speed.json")
-    assert v["not_run"] == ["join_nospec", "serial_nospec"]
-    assert v["checks"] == {
-        "join_nospec_no_dear_step": None, "join_verify_no_dear_step": True,
-        "join_nospec_hides_the_shared_expert": None, "logs_name_every_moe_layer": True,
-        "join_forks_captured": True}  # fmt: skip
-    assert [v["speed"][k]["reading"] for k in jv.SPEED] == [
-        "unread", "within", "within", "unread", "unread"]  # fmt: skip
+    reads_as(jv.verdict(data, tmp_path, jv.ROLES, "speed.json"), *ALONE_314)
     log(tmp_path, "spec-3-1-4-join", 60)  # a join server whose graphs captured no fork
     again = jv.verdict(data, tmp_path, jv.ROLES, "speed.json")
     assert again["checks"]["join_forks_captured"] is False
@@ -135,14 +139,7 @@ def test_the_join_314_run_reproduces_its_committed_verdict(tmp_path):
     """The H100 branch as registered (2026-12-07, twenty-sixth session): ``join`` 3/1/4 over
     ``serial`` 3/1/4 and over plain 3/1/4 within their ranges, no dear verify step, 60 layers
     and the forks in the logs; the nospec rows unread (not in this run)."""
-    committed = reread(RUN_314, jv, tmp_path, ("moe-traces", "server-logs"))
-    assert committed["not_run"] == ["join_nospec", "serial_nospec"]
-    assert committed["checks"] == {
-        "join_nospec_no_dear_step": None, "join_verify_no_dear_step": True,
-        "join_nospec_hides_the_shared_expert": None, "logs_name_every_moe_layer": True,
-        "join_forks_captured": True}  # fmt: skip
-    assert [committed["speed"][k]["reading"] for k in jv.SPEED] == [
-        "unread", "within", "within", "unread", "unread"]  # fmt: skip
+    reads_as(reread(RUN_314, jv, tmp_path, ("moe-traces", "server-logs")), *ALONE_314)
 
 
 BATCH_RUN = JOIN_RUN.with_name("seed-shape-2026-12-07-join-batch-nvidia-h100-sglang0.5.23")
