@@ -216,17 +216,19 @@ def cli(
     cycle_fit: bool = False,
     traces: bool = False,
     roles: Mapping[str, str] = DEFAULT_ROLES,
+    folder: tuple[str, str] = ("--traces", "a folder of SERVER.trace.json.gz"),
 ) -> int:
     """The command line of a mode verdict: ``--bench`` (and ``--cycle-fit`` where the reading
-    needs cycles, ``--traces`` where it reads the servers' slim traces), ``--role`` (over
-    ``roles``), ``--out`` never written over; exit 2 naming a file it cannot read.
-    ``read(bench, [fit,] [traces,] roles, where)`` makes the verdict."""
+    needs cycles, ``--traces`` where it reads the servers' slim traces: ``folder`` names that
+    folder's flag and help), ``--role`` (over ``roles``), ``--out`` never written over; exit
+    2 naming a file it cannot read. ``read(bench, [fit,] [folder,] roles, where)`` makes the
+    verdict."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--bench", required=True, help="bench_speed's JSON (with --profile)")
     if cycle_fit:
         p.add_argument("--cycle-fit", required=True, help="cycle_fit's JSON on that bench")
     if traces:
-        p.add_argument("--traces", required=True, help="a folder of SERVER.trace.json.gz")
+        p.add_argument(folder[0], dest="folder", required=True, help=folder[1])
     p.add_argument("--role", nargs="*", default=[], help=f"ROLE=SERVER ({', '.join(roles)})")
     p.add_argument("--out", help="write the verdict here too (never over an existing file)")
     args = p.parse_args(argv)
@@ -236,8 +238,8 @@ def cli(
         named = parse_roles(args.role, roles)
         bench = json.loads(Path(args.bench).read_text())
         fit = (json.loads(Path(args.cycle_fit).read_text()),) if cycle_fit else ()
-        folder = (Path(args.traces),) if traces else ()
-        result = read(bench, *fit, *folder, named, Path(args.bench).name)
+        where = (Path(args.folder),) if traces else ()
+        result = read(bench, *fit, *where, named, Path(args.bench).name)
     except (OSError, ValueError, KeyError) as e:
         print(f"{name}: {e}", file=sys.stderr)
         return 2

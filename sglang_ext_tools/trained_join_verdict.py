@@ -1,0 +1,176 @@
+"""The trained rank-shape run with ``SGLANG_EXT_MOE_SHARED_STREAM=join`` read against its
+registration: with trained routing, where a verify's tokens fan out over the experts, does
+``join`` keep the cheaper step it showed on dummy weights, and where does it put #24's η?
+
+Registered before it runs (docs/next-device-sessions.md), one table per card, since the two
+branches serve different servers and were predicted from different runs:
+
+- an H200 (twenty-fifth session): the trained pipeline's settings, the plugin/stock pair at
+  3/1/4 and ``join@nospec``, ``join`` 5/1/6 and ``join`` 3/4/5. ``join@nospec`` over the stock
+  baseline 1.06-1.20; ``join`` 5/1/6 over plain 5/1/6 1.08-1.25; ``join`` 5/1/6's cycle in
+  ``join@nospec``'s decode steps 1.18-1.38; its whole-request η over ``join@nospec``
+  (``eta_same_switch``, as the serial registration before it) 0.62-0.74; the seed's tree
+  (``join`` 3/4/5) at a lower η than ``join`` 5/1/6; plugin over stock at 3/1/4 0.97-1.03;
+- an H100 (twenty-sixth session): plain 5/1/6, ``join`` 5/1/6 and ``join@nospec``, three pairs
+  with the baseline. ``join@nospec`` over the stock baseline after the first token
+  1.08-1.22; ``join`` 5/1/6 over plain 5/1/6 1.02-1.18; ``join`` 5/1/6's cycle 10.9-11.8 ms,
+  1.45-1.70 of ``join@nospec``'s decode steps; its whole-request η over the stock baseline
+  0.64-0.76; its τ within 2 % of plain 5/1/6's.
+
+On both: every ``join`` server's log names 60 MoE layers and the forks its CUDA graphs
+captured, and #24's bar (η ≥ 0.82 over the stock baseline, the best chain row) is predicted
+not met. A cycle comes from ``cycle_fit`` (the slope of a request's time after its first
+token over its verify cycles, with its interval over prompts); in decode steps it is that over
+``join@nospec``'s time per output token, taken as known (no interval of its own: the
+interval is the slope's). Readings as ``shared_stream_verdict.place``.
+
+    python -m sglang_ext_tools.trained_join_verdict --bench B.json --cycle-fit F.json \\
+        --logs DIR [--out verdict.json]
+
+``DIR`` is the run's ``-bench-server-logs.tgz`` unpacked (``server-SERVER.log``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from sglang_ext_tools.server_mode_verdict import cli, ready_within, verdict_head
+from sglang_ext_tools.shared_stream_verdict import place, served
+from sglang_ext_tools.stream_priority_verdict import MOE_LAYERS, read_log
+
+ROLES = {
+    "baseline": "nospec",
+    "plain": "spec-5-1-6",
+    "join": "spec-5-1-6-join",
+    "join_nospec": "nospec-join",
+    "tree_join": "spec-3-4-5-join",
+}
+ETA_BAR = 0.82  # issue #24's: the best chain row's η over no speculation
+TAU_TOL = 0.02
+# name: (figure, role read, (low, high, point)); None: recorded, not bounded
+REGISTERED = {
+    "H200": {
+        "join_nospec_over_stock": ("speedup", "join_nospec", (1.06, 1.20, 1.13)),
+        "join_over_plain": ("vs_setting", "join", (1.08, 1.25, 1.15)),
+        "join_cycle_in_join_nospec_steps": ("cycle_steps", "join", (1.18, 1.38, 1.26)),
+        "join_eta_same_switch": ("eta_same_switch", "join", (0.62, 0.74, 0.68)),
+        "plugin_over_stock_314": ("plugin_vs_stock", None, (0.97, 1.03, 1.00)),
+        "join_eta_over_stock": ("eta", "join", None),
+    },
+    "H100": {
+        "join_nospec_over_stock_decode": ("decode_speedup", "join_nospec", (1.08, 1.22, 1.15)),
+        "join_over_plain": ("vs_setting", "join", (1.02, 1.18, 1.08)),
+        "join_cycle_ms": ("cycle_ms", "join", (10.9, 11.8, 11.3)),
+        "join_cycle_in_join_nospec_steps": ("cycle_steps", "join", (1.45, 1.70, 1.57)),
+        "join_eta_over_stock": ("eta", "join", (0.64, 0.76, 0.70)),
+        "join_eta_same_switch": ("eta_same_switch", "join", None),
+    },
+}
+
+
+def card(bench: Mapping[str, Any]) -> str:
+    """The registration's card for the run's GPU; a GPU neither names is refused by name."""
+    gpu = str(bench.get("gpu") or "")
+    for name in REGISTERED:
+        if name in gpu:
+            return name
+    raise ValueError(f"gpu {gpu!r}: no registration for it (expected one of {list(REGISTERED)})")
+
+
+def _row(bench: Mapping[str, Any], server: str) -> Mapping[str, Any] | None:
+    return next(
+        (r for r in bench.get("rows", []) if r.get("server") == server and r.get("batch") == 1),
+        None,
+    )
+
+
+def _scaled(ci: Sequence[float] | None, by: float | None) -> list[float] | None:
+    return [round(c / by, 4) for c in ci] if ci and by else None
+
+
+def figure(
+    bench: Mapping[str, Any], fit: Mapping[str, Any], roles: Mapping[str, str], name: str,
+    role: str | None,
+) -> tuple[float | None, list[float] | None]:  # fmt: skip
+    """One registered figure and its interval; (None, None) where the run has no figure."""
+    if name == "plugin_vs_stock":
+        goals = bench.get("goals") or {}
+        return goals.get(name), goals.get(f"{name}_ci95")
+    row = _row(bench, roles[role]) or {}
+    tau = row.get("tau")
+    if name in ("eta", "eta_same_switch"):  # the speedup's interval over τ
+        base = "speedup" if name == "eta" else "speedup_same_switch"
+        return row.get(name), _scaled(row.get(f"{base}_ci95"), tau)
+    if name in ("cycle_ms", "cycle_steps"):
+        line = (fit.get("servers") or {}).get(roles[role]) or {}
+        ms, ci = line.get("ms_per_cycle"), line.get("ms_per_cycle_ci95")
+        if name == "cycle_ms" or ms is None:
+            return ms, ci
+        step = (_row(bench, roles["join_nospec"]) or {}).get("spec_tpot_ms")
+        return (round(ms / step, 4), _scaled(ci, step)) if step else (None, None)
+    return row.get(name), row.get(f"{name}_ci95")
+
+
+def verdict(
+    bench: Mapping[str, Any], fit: Mapping[str, Any], logs: Path, roles: Mapping[str, str],
+    where: str,
+) -> dict[str, Any]:  # fmt: skip
+    table = REGISTERED[card(bench)]
+    servers = served(bench, logs)
+    ran = {n for n, s in servers.items() if s.get("status") == "ready"}
+    readings = {}
+    for name, (field, role, bounds) in table.items():
+        point, ci = figure(bench, fit, roles, field, role)
+        readings[name] = {
+            "figure": field,
+            "server": roles[role] if role else "the plugin/stock pair",
+            "value": point,
+            "ci95": ci,
+            "registered": None
+            if bounds is None
+            else {"low": bounds[0], "high": bounds[1], "point": bounds[2]},
+            "reading": place(point, ci, *bounds[:2])
+            if bounds is not None
+            else ("recorded" if point is not None else "unread"),
+        }
+    join, plain, tree = (_row(bench, roles[r]) or {} for r in ("join", "plain", "tree_join"))
+    eta = join.get("eta")
+    checks: dict[str, Any] = {"issue_24_eta_met": None if eta is None else eta >= ETA_BAR}
+    if roles["tree_join"] in ran:  # the H200's: the seed's tree below the chain
+        a, b = tree.get("eta_same_switch"), join.get("eta_same_switch")
+        checks["tree_eta_below_chain"] = None if a is None or b is None else a < b
+    if card(bench) == "H100":
+        tj, tp = join.get("tau"), plain.get("tau")
+        checks["tau_within_2pct_of_plain"] = (
+            None if not tj or not tp else abs(tj / tp - 1) <= TAU_TOL
+        )
+    forked = {r: read_log(logs, roles[r]) for r in ("join", "join_nospec", "tree_join")}
+    forked = {r: log for r, log in forked.items() if roles[r] in ran and log}
+    if forked:  # the server logs unpacked into the folder
+        checks["logs_name_every_moe_layer"] = all(
+            log["moe_layers"] == MOE_LAYERS for log in forked.values()
+        )
+        checks["join_forks_captured"] = all((log["forks"] or 0) > 0 for log in forked.values())
+    not_run = [r for r, n in roles.items() if n not in ran]
+    return {
+        **verdict_head(bench, where, roles),
+        "card": card(bench),
+        "cycle_fit": fit.get("bench"),
+        "ready_within_150s": ready_within([s.get("ready_after_s") for s in servers.values()]),
+        **({"not_run": not_run} if not_run else {}),
+        **({"logs": forked} if forked else {}),
+        "checks": checks,
+        "readings": readings,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logs = ("--logs", "the run's server logs (-bench-server-logs.tgz), unpacked")
+    return cli(argv, __doc__.split("\n\n")[0], "trained_join_verdict", verdict, cycle_fit=True,
+               traces=True, roles=ROLES, folder=logs)  # fmt: skip
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
