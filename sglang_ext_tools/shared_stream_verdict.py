@@ -89,6 +89,19 @@ def place(point: float | None, ci: Sequence[float] | None, low: float, high: flo
     return "within" if low <= point <= high else "point outside"
 
 
+def against(
+    point: float | None, ci: Sequence[float] | None, bounds: Sequence[float] | None
+) -> dict[str, Any]:
+    """A figure's registered range (``bounds``: low, high, point) and where the figure lies
+    (``place``); "recorded" where no range was registered, "unread" without a figure."""
+    if bounds is None:
+        return {"registered": None, "reading": "recorded" if point is not None else "unread"}
+    return {
+        "registered": {"low": bounds[0], "high": bounds[1], "point": bounds[2]},
+        "reading": place(point, ci, bounds[0], bounds[1]),
+    }
+
+
 def speed(rows: Sequence[Mapping[str, Any]], role: str, server: str) -> dict[str, Any]:
     (low, high, point), field = SPEED[role]
     row = next((r for r in rows if r.get("server") == server and r.get("batch") == 1), None)

@@ -42,7 +42,7 @@ from typing import Any
 from sglang_ext_tools.bench_speed import over_own_baselines, server_groups
 from sglang_ext_tools.moe_regimes import load_trace, regimes
 from sglang_ext_tools.server_mode_verdict import cli, ready_within, verdict_head
-from sglang_ext_tools.shared_stream_verdict import place, served
+from sglang_ext_tools.shared_stream_verdict import against, served
 
 KERNEL = "fused_moe_kernel"
 ROLES = {
@@ -157,12 +157,7 @@ def verdict_for(label: str, table: Mapping[str, Any]):
                 "servers": [roles[a], roles[b]],
                 "ratio": point,
                 "ci95": ci,
-                "registered": None
-                if bounds is None
-                else {"low": bounds[0], "high": bounds[1], "point": bounds[2]},
-                "reading": place(point, ci, *bounds[:2])
-                if bounds is not None
-                else ("recorded" if point is not None else "unread"),
+                **against(point, ci, bounds),
             }
         # a server the bench's limit stopped before it served is read as not run
         ran = {n for n, s in servers.items() if s.get("status") == "ready"}

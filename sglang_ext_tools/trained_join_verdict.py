@@ -24,7 +24,7 @@ captured, and #24's bar (η ≥ 0.82 over the stock baseline, the best chain row
 not met. A cycle comes from ``cycle_fit`` (the slope of a request's time after its first
 token over its verify cycles, with its interval over prompts); in decode steps it is that over
 ``join@nospec``'s time per output token, taken as known (no interval of its own: the
-interval is the slope's). Readings as ``shared_stream_verdict.place``.
+interval is the slope's). Readings as ``shared_stream_verdict.against``.
 
     python -m sglang_ext_tools.trained_join_verdict --bench B.json --cycle-fit F.json \\
         --logs DIR [--out verdict.json]
@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from sglang_ext_tools.server_mode_verdict import cli, ready_within, verdict_head
-from sglang_ext_tools.shared_stream_verdict import place, served
+from sglang_ext_tools.shared_stream_verdict import against, served
 from sglang_ext_tools.stream_priority_verdict import MOE_LAYERS, read_log
 
 ROLES = {
@@ -130,12 +130,7 @@ def verdict(
             "server": roles[role] if role else "the plugin/stock pair",
             "value": point,
             "ci95": ci,
-            "registered": None
-            if bounds is None
-            else {"low": bounds[0], "high": bounds[1], "point": bounds[2]},
-            "reading": place(point, ci, *bounds[:2])
-            if bounds is not None
-            else ("recorded" if point is not None else "unread"),
+            **against(point, ci, bounds),
         }
     join, plain, tree = (_row(bench, roles[r]) or {} for r in ("join", "plain", "tree_join"))
     eta = join.get("eta")
