@@ -102,9 +102,14 @@ def against(
     }
 
 
+def batch1_row(rows: Sequence[Mapping[str, Any]], server: str) -> Mapping[str, Any] | None:
+    """A bench's row of ``server`` at batch 1; None where it has none."""
+    return next((r for r in rows if r.get("server") == server and r.get("batch") == 1), None)
+
+
 def speed(rows: Sequence[Mapping[str, Any]], role: str, server: str) -> dict[str, Any]:
-    (low, high, point), field = SPEED[role]
-    row = next((r for r in rows if r.get("server") == server and r.get("batch") == 1), None)
+    bounds, field = SPEED[role]
+    row = batch1_row(rows, server)
     value = row.get(field) if row else None
     ci = row.get(f"{field}_ci95") if row else None
     return {
@@ -112,16 +117,23 @@ def speed(rows: Sequence[Mapping[str, Any]], role: str, server: str) -> dict[str
         "field": field,
         "ratio": value,
         "ci95": ci,
-        "registered": {"low": low, "high": high, "point": point},
-        "reading": place(value, ci, low, high),
+        **against(value, ci, bounds),
     }
 
 
-def served(bench: Mapping[str, Any], traces: Path) -> dict[str, Mapping[str, Any]]:
-    """The run's servers by name, once its traces folder is there (named where it is not)."""
-    if not traces.is_dir():
-        raise FileNotFoundError(f"--traces {traces}: no such folder")
+def served(
+    bench: Mapping[str, Any], folder: Path, flag: str = "--traces"
+) -> dict[str, Mapping[str, Any]]:
+    """The run's servers by name, once the folder given as ``flag`` is there (named where it
+    is not)."""
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{flag} {folder}: no such folder")
     return {s["name"]: s for s in bench.get("servers", [])}
+
+
+def ready(servers: Mapping[str, Mapping[str, Any]]) -> set[str]:
+    """The servers that came up and served (a server the bench's limit stopped first did not)."""
+    return {n for n, s in servers.items() if s.get("status") == "ready"}
 
 
 def verdict(

@@ -42,7 +42,7 @@ from typing import Any
 from sglang_ext_tools.bench_speed import over_own_baselines, server_groups
 from sglang_ext_tools.moe_regimes import load_trace, regimes
 from sglang_ext_tools.server_mode_verdict import cli, ready_within, verdict_head
-from sglang_ext_tools.shared_stream_verdict import against, served
+from sglang_ext_tools.shared_stream_verdict import against, batch1_row, ready, served
 
 KERNEL = "fused_moe_kernel"
 ROLES = {
@@ -95,6 +95,28 @@ def read_log(traces: Path, server: str) -> dict[str, Any] | None:
     return {"moe_layers": layers[-1] if layers else None, "forks": forks[-1] if forks else None}
 
 
+def log_checks(
+    logs: Mapping[str, Mapping[str, Any] | None], forking: Sequence[str] | None
+) -> dict[str, bool | None]:
+    """What the served servers' logs (``read_log`` by role; None: no log) say, where any was
+    unpacked ({} where none was): every one names ``MOE_LAYERS`` MoE layers, and, with
+    ``forking`` (the roles that ran ``=join``), each of those among them captured its forks
+    (None where none of them served)."""
+    if not any(logs.values()):
+        return {}
+    out: dict[str, bool | None] = {
+        "logs_name_every_moe_layer": all(
+            (log or {}).get("moe_layers") == MOE_LAYERS for log in logs.values()
+        )
+    }
+    if forking is not None:
+        forked = [logs[r] for r in forking if r in logs]
+        out["join_forks_captured"] = (
+            all(((log or {}).get("forks") or 0) > 0 for log in forked) if forked else None
+        )
+    return out
+
+
 def ratio(
     bench: Mapping[str, Any], first: str, second: str
 ) -> tuple[float | None, list[float] | None]:
@@ -103,10 +125,8 @@ def ratio(
     group_of = server_groups(bench.get("groups") or [])
     ms = bench.get("measurements", [])
     if second == "nospec":
-        row = next(
-            (r for r in bench.get("rows", []) if r["server"] == first and r["batch"] == 1), None
-        )
-        return (row or {}).get("speedup"), (row or {}).get("speedup_ci95")
+        row = batch1_row(bench.get("rows", []), first) or {}
+        return row.get("speedup"), row.get("speedup_ci95")
     if first not in group_of or second not in group_of:
         return None, None
     return over_own_baselines(ms, (first, group_of[first]), (second, group_of[second]))
@@ -160,19 +180,11 @@ def verdict_for(label: str, table: Mapping[str, Any]):
                 **against(point, ci, bounds),
             }
         # a server the bench's limit stopped before it served is read as not run
-        ran = {n for n, s in servers.items() if s.get("status") == "ready"}
+        ran = ready(servers)
         not_run = [r for r, n in roles.items() if n not in ran]
         switched = (label, nospec, "serial", "serial_nospec")
         logs = {r: read_log(traces, roles[r]) for r in switched if roles.get(r) in ran}
-        if any(logs.values()):  # the server logs unpacked beside the traces
-            checks["logs_name_every_moe_layer"] = all(
-                (log or {}).get("moe_layers") == MOE_LAYERS for log in logs.values()
-            )
-            forked = [logs[r] for r in (label, nospec) if r in logs]
-            if label == "join":  # None where no join server served
-                checks["join_forks_captured"] = (
-                    all(((log or {}).get("forks") or 0) > 0 for log in forked) if forked else None
-                )
+        checks |= log_checks(logs, (label, nospec) if label == "join" else None)
         return {
             **verdict_head(bench, where, roles),
             "bounds": {"cheap_factor": CHEAP_FACTOR, "hidden_factor": HIDDEN_FACTOR},

@@ -39,8 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from sglang_ext_tools.server_mode_verdict import cli, ready_within, verdict_head
-from sglang_ext_tools.shared_stream_verdict import against, served
-from sglang_ext_tools.stream_priority_verdict import MOE_LAYERS, read_log
+from sglang_ext_tools.shared_stream_verdict import against, batch1_row, ready, served
+from sglang_ext_tools.stream_priority_verdict import log_checks, read_log
 
 ROLES = {
     "baseline": "nospec",
@@ -81,13 +81,6 @@ def card(bench: Mapping[str, Any]) -> str:
     raise ValueError(f"gpu {gpu!r}: no registration for it (expected one of {list(REGISTERED)})")
 
 
-def _row(bench: Mapping[str, Any], server: str) -> Mapping[str, Any] | None:
-    return next(
-        (r for r in bench.get("rows", []) if r.get("server") == server and r.get("batch") == 1),
-        None,
-    )
-
-
 def _scaled(ci: Sequence[float] | None, by: float | None) -> list[float] | None:
     return [round(c / by, 4) for c in ci] if ci and by else None
 
@@ -100,7 +93,7 @@ def figure(
     if name == "plugin_vs_stock":
         goals = bench.get("goals") or {}
         return goals.get(name), goals.get(f"{name}_ci95")
-    row = _row(bench, roles[role]) or {}
+    row = batch1_row(bench.get("rows", []), roles[role]) or {}
     tau = row.get("tau")
     if name in ("eta", "eta_same_switch"):  # the speedup's interval over τ
         base = "speedup" if name == "eta" else "speedup_same_switch"
@@ -110,7 +103,7 @@ def figure(
         ms, ci = line.get("ms_per_cycle"), line.get("ms_per_cycle_ci95")
         if name == "cycle_ms" or ms is None:
             return ms, ci
-        step = (_row(bench, roles["join_nospec"]) or {}).get("spec_tpot_ms")
+        step = (batch1_row(bench.get("rows", []), roles["join_nospec"]) or {}).get("spec_tpot_ms")
         return (round(ms / step, 4), _scaled(ci, step)) if step else (None, None)
     return row.get(name), row.get(f"{name}_ci95")
 
@@ -119,11 +112,11 @@ def verdict(
     bench: Mapping[str, Any], fit: Mapping[str, Any], logs: Path, roles: Mapping[str, str],
     where: str,
 ) -> dict[str, Any]:  # fmt: skip
-    table = REGISTERED[card(bench)]
-    servers = served(bench, logs)
-    ran = {n for n, s in servers.items() if s.get("status") == "ready"}
+    which = card(bench)
+    servers = served(bench, logs, "--logs")
+    ran = ready(servers)
     readings = {}
-    for name, (field, role, bounds) in table.items():
+    for name, (field, role, bounds) in REGISTERED[which].items():
         point, ci = figure(bench, fit, roles, field, role)
         readings[name] = {
             "figure": field,
@@ -132,32 +125,30 @@ def verdict(
             "ci95": ci,
             **against(point, ci, bounds),
         }
-    join, plain, tree = (_row(bench, roles[r]) or {} for r in ("join", "plain", "tree_join"))
+    join, plain, tree = (
+        batch1_row(bench.get("rows", []), roles[r]) or {} for r in ("join", "plain", "tree_join")
+    )
     eta = join.get("eta")
     checks: dict[str, Any] = {"issue_24_eta_met": None if eta is None else eta >= ETA_BAR}
     if roles["tree_join"] in ran:  # the H200's: the seed's tree below the chain
         a, b = tree.get("eta_same_switch"), join.get("eta_same_switch")
         checks["tree_eta_below_chain"] = None if a is None or b is None else a < b
-    if card(bench) == "H100":
+    if which == "H100":
         tj, tp = join.get("tau"), plain.get("tau")
         checks["tau_within_2pct_of_plain"] = (
             None if not tj or not tp else abs(tj / tp - 1) <= TAU_TOL
         )
-    forked = {r: read_log(logs, roles[r]) for r in ("join", "join_nospec", "tree_join")}
-    forked = {r: log for r, log in forked.items() if roles[r] in ran and log}
-    if forked:  # the server logs unpacked into the folder
-        checks["logs_name_every_moe_layer"] = all(
-            log["moe_layers"] == MOE_LAYERS for log in forked.values()
-        )
-        checks["join_forks_captured"] = all((log["forks"] or 0) > 0 for log in forked.values())
+    joined = ("join", "join_nospec", "tree_join")
+    forked = {r: read_log(logs, roles[r]) for r in joined if roles[r] in ran}
+    checks |= log_checks(forked, joined)
     not_run = [r for r, n in roles.items() if n not in ran]
     return {
         **verdict_head(bench, where, roles),
-        "card": card(bench),
+        "card": which,
         "cycle_fit": fit.get("bench"),
         "ready_within_150s": ready_within([s.get("ready_after_s") for s in servers.values()]),
         **({"not_run": not_run} if not_run else {}),
-        **({"logs": forked} if forked else {}),
+        **({"logs": forked} if any(forked.values()) else {}),
         "checks": checks,
         "readings": readings,
     }

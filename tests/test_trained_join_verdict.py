@@ -112,3 +112,16 @@ def test_a_committed_h100_run_reads_through_the_command_line(tmp_path, capsys):
     assert v["readings"]["join_cycle_ms"]["value"] == 12.857
     assert v["readings"]["join_cycle_ms"]["reading"] == "above"
     assert v["checks"] == dict(zip(H100_CHECKS, (False, True, False, False), strict=True))
+
+
+def test_a_join_server_that_served_without_a_log_is_not_read_as_held(tmp_path):
+    """With the logs unpacked, a ``join`` server that ran but left no log fails the log
+    checks (as ``stream_priority_verdict``'s), and a missing folder is named as ``--logs``."""
+    log(tmp_path, "spec-5-1-6-join", 60, 180)  # nospec-join served too, but has no log
+    v = tj.verdict(run("NVIDIA H100 80GB HBM3", H100_ROWS), FIT, tmp_path, tj.ROLES, "b.json")
+    assert v["logs"]["join_nospec"] is None
+    assert v["checks"]["logs_name_every_moe_layer"] is False
+    assert v["checks"]["join_forks_captured"] is False
+    with pytest.raises(FileNotFoundError, match="--logs .*nothere: no such folder"):
+        tj.verdict(run("NVIDIA H100 80GB HBM3", H100_ROWS), FIT, tmp_path / "nothere",
+                   tj.ROLES, "b.json")  # fmt: skip
