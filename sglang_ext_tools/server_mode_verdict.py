@@ -221,8 +221,8 @@ def cli(
     """The command line of a mode verdict: ``--bench`` (and ``--cycle-fit`` where the reading
     needs cycles, ``--traces`` where it reads the servers' slim traces: ``folder`` names that
     folder's flag and help), ``--role`` (over ``roles``), ``--out`` never written over; exit
-    2 naming a file it cannot read. ``read(bench, [fit,] [folder,] roles, where)`` makes the
-    verdict."""
+    2 naming a file it cannot read, or a cycle fit made on another bench. ``read(bench, [fit,]
+    [folder,] roles, where)`` makes the verdict."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--bench", required=True, help="bench_speed's JSON (with --profile)")
     if cycle_fit:
@@ -238,8 +238,13 @@ def cli(
         named = parse_roles(args.role, roles)
         bench = json.loads(Path(args.bench).read_text())
         fit = (json.loads(Path(args.cycle_fit).read_text()),) if cycle_fit else ()
+        of, bench_name = (fit[0].get("bench") if fit else None), Path(args.bench).name
+        if of is not None and of != bench_name:
+            raise ValueError(
+                f"--cycle-fit {args.cycle_fit}: a fit of {of}, not of --bench {bench_name}"
+            )
         where = (Path(args.folder),) if traces else ()
-        result = read(bench, *fit, *where, named, Path(args.bench).name)
+        result = read(bench, *fit, *where, named, bench_name)
     except (OSError, ValueError, KeyError) as e:
         print(f"{name}: {e}", file=sys.stderr)
         return 2

@@ -145,7 +145,7 @@ def verdict(
     return {
         **verdict_head(bench, where, roles),
         "card": which,
-        "cycle_fit": fit.get("bench"),
+        "cycle_fit_of": fit.get("bench"),  # the CLI refuses a fit of another bench
         "ready_within_150s": ready_within([s.get("ready_after_s") for s in servers.values()]),
         **({"not_run": not_run} if not_run else {}),
         **({"logs": forked} if any(forked.values()) else {}),

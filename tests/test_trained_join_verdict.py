@@ -125,3 +125,31 @@ def test_a_join_server_that_served_without_a_log_is_not_read_as_held(tmp_path):
     with pytest.raises(FileNotFoundError, match="--logs .*nothere: no such folder"):
         tj.verdict(run("NVIDIA H100 80GB HBM3", H100_ROWS), FIT, tmp_path / "nothere",
                    tj.ROLES, "b.json")  # fmt: skip
+
+
+TRAINED = RESULTS / "seed-shape-2026-12-07-trained-join-nvidia-h100-sglang0.5.23"
+
+
+def test_the_committed_trained_join_run_reproduces_its_verdict(tmp_path, capsys):
+    """The twenty-seventh session's H100 run, from its committed files through the command
+    line: every registered figure within its range, #24's η not met."""
+    with tarfile.open(f"{TRAINED}-bench-server-logs.tgz") as tgz:
+        tgz.extractall(tmp_path, filter="data")
+    argv = ["--bench", f"{TRAINED}-bench.json", "--cycle-fit", f"{TRAINED}-cycle-fit.json",
+            "--logs", str(tmp_path)]  # fmt: skip
+    assert tj.main(argv) == 0
+    v = json.loads(capsys.readouterr().out)
+    assert v == json.loads(Path(f"{TRAINED}-verdict.json").read_text())
+    bounded = [r["reading"] for r in v["readings"].values() if r["registered"]]
+    assert bounded == ["within"] * 5
+    assert v["checks"] == dict(zip(H100_CHECKS, (False, True, True, True), strict=True))
+
+
+def test_a_cycle_fit_of_another_bench_is_refused(tmp_path, capsys):
+    bench = tmp_path / "b.json"
+    bench.write_text(json.dumps(run("NVIDIA H100 80GB HBM3", H100_ROWS)))
+    fit = tmp_path / "f.json"
+    fit.write_text(json.dumps({**FIT, "bench": "other.json"}))
+    argv = ["--bench", str(bench), "--cycle-fit", str(fit), "--logs", str(tmp_path)]
+    assert tj.main(argv) == 2
+    assert "a fit of other.json, not of --bench b.json" in capsys.readouterr().err
