@@ -263,3 +263,18 @@ def test_the_twenty_sixth_sessions_h100_trained_command_plans_three_pairs(
     assert dry["groups"] == [
         ["nospec", "spec-5-1-6"], ["nospec", "spec-5-1-6-join"], ["nospec", "nospec-join"]
     ]  # fmt: skip
+
+
+def test_the_twenty_seventh_sessions_h100_batch_command_plans_three_pairs(
+    rank_shape_on_h100, capsys
+):
+    """The H100 branch registered by the twenty-seventh session (docs/next-device-sessions.md):
+    trained 3/1/4, `join` 3/1/4 and `join@nospec` at batches 1, 4 and 16, profiled after the
+    rounds. Three pairs with the baseline, `join` 3/1/4 first after the plain server."""
+    dry = _seed_shape_dry_run(
+        rank_shape_on_h100, capsys, "3,1,4", "--batches", "1", "4", "16", "--rounds", "3",
+        "--profile", "--variant", "join@3,1,4:SGLANG_EXT_MOE_SHARED_STREAM=join",
+        "--variant", "join@nospec:SGLANG_EXT_MOE_SHARED_STREAM=join")  # fmt: skip
+    assert dry["groups"] == [
+        ["nospec", "spec-3-1-4"], ["nospec", "spec-3-1-4-join"], ["nospec", "nospec-join"]
+    ]  # fmt: skip
