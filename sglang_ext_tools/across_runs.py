@@ -6,8 +6,9 @@ cancels, and so does a drift of the card between the runs that moves both baseli
 
 Written for settings a lease could only serve in separate runs (2026-12-07: the seed's tree
 ``join`` 3/4/5 and the chain ``join`` 3/1/4 after the trained ``join`` 5/1/6 run). Refused,
-naming the field, where the runs differ in GPU (UUID), SGLang, attention backend or a
-measurement's prompts, or where a server did not measure at batch 1.
+naming the field, where the runs differ in GPU (UUID), SGLang, attention backend, fixture
+manifest (a retrained pair moves τ) or a measurement's prompts, or where a server did not
+measure at batch 1.
 
     python -m sglang_ext_tools.across_runs \\
         --pair tree_over_chain=A.json:spec-3-4-5-join,B.json:spec-3-1-4-join --out OUT.json
@@ -25,7 +26,7 @@ from typing import Any
 from sglang_ext_tools.bench_speed import over_own_baselines
 from sglang_ext_tools.json_out import emit
 
-SAME = ("sglang_version", "attention_backend")  # beside the GPU's UUID
+SAME = ("sglang_version", "attention_backend", "fixtures")  # beside the GPU's UUID
 OFFSET = 1_000_000  # the second run's groups, kept apart from the first's
 
 
@@ -58,7 +59,8 @@ def compare(
         raise ValueError(f"gpu_info.uuid: {fa} ran on {_uuid(ba)}, {fb} on {_uuid(bb)}")
     for field in SAME:
         if ba.get(field) != bb.get(field):
-            raise ValueError(f"{field}: {fa} has {ba.get(field)!r}, {fb} {bb.get(field)!r}")
+            shown = [str(x.get(field))[:80] for x in (ba, bb)]
+            raise ValueError(f"{field}: {fa} has {shown[0]!r}, {fb} {shown[1]!r}")
     merged, picks, prompts = [], [], set()
     for k, (bench, server, where) in enumerate(((ba, sa, fa), (bb, sb, fb))):
         ms = _batch1(bench, server, where)

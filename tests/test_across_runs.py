@@ -54,6 +54,7 @@ def _bench(path):
     [
         (lambda b: b["gpu_info"].update(uuid="GPU-other"), "gpu_info.uuid"),
         (lambda b: b.update(attention_backend="triton"), "attention_backend"),
+        (lambda b: b["fixtures"].update(path="/tmp/mla-retrained"), "fixtures"),
         (
             lambda b: [m.update(prompts=[p + 1 for p in m["prompts"]]) for m in b["measurements"]],
             "prompts",
