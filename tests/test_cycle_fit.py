@@ -234,3 +234,23 @@ def test_the_tenth_runs_dear_mode_is_the_moe_up_projection_alone():
             assert kernel_us(dear, other) / kernel_us("spec-5-1-6", other) == pytest.approx(
                 1.0, abs=0.01
             )
+
+
+TRAINED_JOIN = "seed-shape-2026-12-07-trained-join{}-nvidia-h100-sglang0.5.23"
+
+
+@pytest.mark.parametrize("run", ["", "-314", "-345"])
+def test_the_trained_join_runs_cycle_lines_are_what_cycle_fit_writes(run, tmp_path):
+    """2026-12-07's trained `join` run and the two after it on the same node (an H100): the
+    committed cycle lines come from the runs' benches and records; `join` is the cheaper
+    cycle at 5/1/6 and at the seed's tree, each beside its plain twin where one ran."""
+    stem = RESULTS / TRAINED_JOIN.format(run)
+    out = tmp_path / "fit.json"
+    argv = ["--bench", f"{stem}-bench.json", "--acceptance", f"{stem}-bench-server-logs.tgz",
+            "--out", str(out)]  # fmt: skip
+    assert cycle_fit.main(argv) == 0
+    lines = json.loads(out.read_text())["servers"]
+    assert lines == json.loads(Path(f"{stem}-cycle-fit.json").read_text())["servers"]
+    for plain in [s for s in lines if s.startswith("spec-") and not s.endswith("-join")]:
+        join = lines[f"{plain}-join"]
+        assert join["ms_per_cycle_ci95"][1] < lines[plain]["ms_per_cycle_ci95"][0]
