@@ -55,7 +55,7 @@ def compare(
     """``a`` and ``b``: (bench JSON, server, file name). Raises ValueError naming what
     differs between the runs or what is missing."""
     (ba, sa, fa), (bb, sb, fb) = a, b
-    if _uuid(ba) != _uuid(bb):
+    if _uuid(ba) is None or _uuid(ba) != _uuid(bb):
         raise ValueError(f"gpu_info.uuid: {fa} ran on {_uuid(ba)}, {fb} on {_uuid(bb)}")
     for field in SAME:
         if ba.get(field) != bb.get(field):

@@ -53,6 +53,7 @@ def _bench(path):
     ("change", "named"),
     [
         (lambda b: b["gpu_info"].update(uuid="GPU-other"), "gpu_info.uuid"),
+        (lambda b: b.pop("gpu_info"), "gpu_info.uuid"),
         (lambda b: b.update(attention_backend="triton"), "attention_backend"),
         (lambda b: b["fixtures"].update(path="/tmp/mla-retrained"), "fixtures"),
         (
