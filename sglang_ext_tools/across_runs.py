@@ -49,18 +49,26 @@ def _prompts(ms: Sequence[Mapping[str, Any]], label: str) -> list[int]:
     return list(lists.pop())
 
 
+def same_runs(benches: Mapping[str, Mapping[str, Any]]) -> None:
+    """Raises ValueError naming the field where a run (by file name) differs from the first:
+    the GPU's UUID (which must be recorded) or a field of ``SAME``."""
+    (fa, ba), *rest = benches.items()
+    for fb, bb in rest:
+        if _uuid(ba) is None or _uuid(ba) != _uuid(bb):
+            raise ValueError(f"gpu_info.uuid: {fa} ran on {_uuid(ba)}, {fb} on {_uuid(bb)}")
+        for field in SAME:
+            if ba.get(field) != bb.get(field):
+                shown = [str(x.get(field))[:80] for x in (ba, bb)]
+                raise ValueError(f"{field}: {fa} has {shown[0]!r}, {fb} {shown[1]!r}")
+
+
 def compare(
     a: tuple[Mapping[str, Any], str, str], b: tuple[Mapping[str, Any], str, str]
 ) -> dict[str, Any]:
     """``a`` and ``b``: (bench JSON, server, file name). Raises ValueError naming what
     differs between the runs or what is missing."""
     (ba, sa, fa), (bb, sb, fb) = a, b
-    if _uuid(ba) is None or _uuid(ba) != _uuid(bb):
-        raise ValueError(f"gpu_info.uuid: {fa} ran on {_uuid(ba)}, {fb} on {_uuid(bb)}")
-    for field in SAME:
-        if ba.get(field) != bb.get(field):
-            shown = [str(x.get(field))[:80] for x in (ba, bb)]
-            raise ValueError(f"{field}: {fa} has {shown[0]!r}, {fb} {shown[1]!r}")
+    same_runs({fa: ba, fb: bb})
     merged, picks, prompts = [], [], set()
     for k, (bench, server, where) in enumerate(((ba, sa, fa), (bb, sb, fb))):
         ms = _batch1(bench, server, where)
@@ -100,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.out and Path(args.out).exists():
         p.error(f"--out {args.out}: exists; not overwriting it")
-    pairs, benches = {}, {}
+    pairs, benches, files = {}, {}, {}  # benches by file name, each name's one file
     try:
         for spec in args.pair:
             name, _, sides = spec.partition("=")
@@ -108,10 +116,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise ValueError(f"--pair {spec!r}: expected NAME=A.json:SERVER,B.json:SERVER")
             loaded = []
             for path, server in map(_side, sides.split(",")):
+                if files.setdefault(path.name, path.resolve()) != path.resolve():
+                    raise ValueError(f"{path}: another file of that name is in --pair already")
                 if path.name not in benches:
                     benches[path.name] = json.loads(path.read_text())
                 loaded.append((benches[path.name], server, path.name))
             pairs[name] = compare(*loaded)
+        same_runs(benches)  # the result's GPU and versions hold for every pair
     except (OSError, ValueError) as e:
         print(f"across_runs: {e}", file=sys.stderr)
         return 2

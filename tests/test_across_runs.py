@@ -80,3 +80,21 @@ def test_a_missing_server_or_an_existing_out_is_named(tmp_path, capsys):
     assert out.read_text() == "mine"
     assert ar.main(["--pair", f"x={TREE}:spec-3-4-5-join"]) == 2
     assert "expected NAME=A.json:SERVER,B.json:SERVER" in capsys.readouterr().err
+
+
+def test_pairs_on_other_runs_or_two_files_of_one_name_are_refused(tmp_path, capsys):
+    """The result states one GPU and one set of versions, so every pair's runs must share
+    them; and runs are named by file name, so two files of one name cannot both be read."""
+    other = copy.deepcopy(_bench(CHAIN))
+    other["gpu_info"]["uuid"] = "GPU-other"
+    elsewhere = tmp_path / "o.json"
+    elsewhere.write_text(json.dumps(other))
+    pairs = [f"x={TREE}:spec-3-4-5-join,{TREE}:spec-3-4-5",
+             f"y={elsewhere}:spec-3-1-4-join,{elsewhere}:spec-3-1-4-join"]  # fmt: skip
+    assert ar.main(["--pair", *pairs]) == 2
+    assert "gpu_info.uuid" in capsys.readouterr().err
+    twin = tmp_path / CHAIN.name
+    twin.write_text(CHAIN.read_text())
+    argv = ["--pair", f"x={CHAIN}:spec-3-1-4-join,{twin}:spec-3-1-4-join"]
+    assert ar.main(argv) == 2
+    assert "another file of that name" in capsys.readouterr().err
