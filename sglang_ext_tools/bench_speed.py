@@ -953,6 +953,11 @@ VS_SETTING_ACROSS = (
     "across groups: each server over its own group's baseline, paired prompts, bootstrap"
     " (a prompt's four times resampled together)"
 )
+# batches above 1 have no per-prompt times to pair: the figure is a ratio without an interval
+VS_SETTING_ACROSS_RATIO = (
+    "across groups: the ratio of the two rows' speedups, each over its own group's baseline;"
+    " no interval"
+)
 
 
 def server_groups(groups: Sequence[Sequence[str]]) -> dict[str, int]:
@@ -1018,14 +1023,16 @@ def vs_setting_across_groups(
             b = row["batch"]
             if b == 1:
                 point, ci = over_own_baselines(measurements, (spec["name"], gv), (plain, gp))
+                method = VS_SETTING_ACROSS
             else:
                 point, ci = _r(_ratio(row.get("speedup"), speedup_of.get((plain, b)))), None
+                method = VS_SETTING_ACROSS_RATIO
             if point is not None:
                 row.update(
                     vs_setting_server=plain,
                     vs_setting=point,
                     vs_setting_ci95=ci,
-                    vs_setting_method=VS_SETTING_ACROSS,
+                    vs_setting_method=method,
                 )
 
 

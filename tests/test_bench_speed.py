@@ -766,7 +766,7 @@ def test_committed_speed_results_are_self_consistent(path):
             added = set(again) - set(row)
             # a variant read across groups (vs_setting_across_groups, 2026-12-07) has its
             # vs_setting from measurements the run already had
-            if again.get("vs_setting_method") == bs.VS_SETTING_ACROSS:
+            if again.get("vs_setting_method") in (bs.VS_SETTING_ACROSS, bs.VS_SETTING_ACROSS_RATIO):
                 added -= {"vs_setting_server", "vs_setting", "vs_setting_ci95",
                           "vs_setting_method"}
             assert all(again[k] is None for k in added), added
@@ -1481,6 +1481,16 @@ def test_a_variant_in_another_group_reads_vs_setting_and_its_switched_baseline()
     low, high = serial["vs_setting_ci95"]
     assert low == pytest.approx(0.9 / 0.8, abs=1e-3) and high == pytest.approx(0.9 / 0.8, abs=1e-3)
     assert serial["vs_setting_method"] == bs.VS_SETTING_ACROSS
+    # a larger batch has no per-prompt times to pair: a ratio, labelled as one
+    out4 = bs.build_result(
+        {"batches": [1, 4]}, servers,
+        ms + [{**m, "batch": 4} for m in ms], specs, None, None, groups,
+    )
+    serial4 = next(
+        r for r in out4["rows"] if r["server"] == "spec-3-1-4-serial" and r["batch"] == 4
+    )
+    assert serial4["vs_setting_ci95"] is None
+    assert serial4["vs_setting_method"] == bs.VS_SETTING_ACROSS_RATIO
     assert serial["same_switch_server"] == "nospec-serial"
     assert serial["speedup_same_switch"] == pytest.approx(0.9 / 1.1, abs=1e-4)
     assert serial["eta_same_switch"] == pytest.approx(0.9 / 1.1, abs=1e-3)  # tau 1
