@@ -260,6 +260,26 @@ def test_architecture_places_every_tooling_module_and_script():
     assert not wanted - named, sorted(wanted - named)
 
 
+def test_architecture_gives_each_tools_module_one_bullet():
+    """The ``sglang_ext_tools/`` part of the Tooling section (up to its ``fixtures/`` paragraph)
+    is grouped lists, one ``- `name`: …`` bullet for each module at the package's top (not
+    ``__init__``, not ``fixtures/``): none missing, none twice, none for a module that is gone."""
+    text = _tooling_section()
+    part = text.split("**`sglang_ext_tools/`.**", 1)[1].split("**`sglang_ext_tools/fixtures/`**")[0]
+    bullets = re.findall(r"^- `([^`]+)`:", part, re.MULTILINE)
+    modules = {p.stem for p in (ROOT / "sglang_ext_tools").glob("*.py")} - {"__init__"}
+    assert len(bullets) == len(set(bullets)), sorted(b for b in bullets if bullets.count(b) > 1)
+    assert set(bullets) == modules, (sorted(modules - set(bullets)), sorted(set(bullets) - modules))
+
+
+def test_architecture_has_no_run_on_line():
+    """Prose is wrapped (~100 columns); a line past 400 characters is a list run together. The
+    table rows are the longest lines kept on purpose, and stay under that too."""
+    lines = ARCHITECTURE.read_text(encoding="utf-8").splitlines()
+    long = [(n, len(line)) for n, line in enumerate(lines, 1) if len(line) > 400]
+    assert not long, f"ARCHITECTURE.md lines (number, length) past 400 characters: {long}"
+
+
 def _edits_sys_path(tree: ast.AST) -> list[int]:
     lines = []
     for node in ast.walk(tree):
