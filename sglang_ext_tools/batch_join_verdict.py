@@ -42,7 +42,6 @@ from typing import Any
 
 from sglang_ext_tools.server_mode_verdict import cli, verdict_head
 from sglang_ext_tools.shared_stream_verdict import against, ready
-from sglang_ext_tools.trained_join_verdict import figure
 
 CARD = "H100"
 ROLES = {
@@ -106,21 +105,17 @@ def reading(
     lies against its range."""
     batch, field, role, bounds = REGISTERED[name]
     row = row_at(bench, roles[role], batch, where)
-    # batch 1 as trained_join_verdict reads it; a larger batch is the same figure of its row
-    point, ci = (
-        figure(bench, {}, roles, field, role)
-        if batch == 1
-        else (row.get(field), row.get(f"{field}_ci95"))
-    )
+    # the row's figure and its interval, as trained_join_verdict reads them at batch 1
+    point, ci = row.get(field), row.get(f"{field}_ci95")
     return {
         "batch": batch,
         "figure": field,
         "server": roles[role],
         "value": point,
         "ci95": ci,
-        # vs_setting across groups at batch 4 or 16 is the ratio of two rows' speedups
-        # (bench_speed.VS_SETTING_ACROSS_RATIO); runs before that label said "bootstrap"
-        **({"method": row.get(METHOD[field])} if field in METHOD and ci else {}),
+        # how the row says it was drawn: at batch 4 or 16 vs_setting across groups is the
+        # ratio of two rows' speedups (bench_speed.VS_SETTING_ACROSS_RATIO, no interval)
+        **({"method": row[METHOD[field]]} if row.get(METHOD.get(field, "")) else {}),
         **against(point, ci, bounds),
     }
 
@@ -146,6 +141,11 @@ def profiled(
                 raise ValueError(
                     f"{where}: profiles[{server}] has no {'.'.join(keys)} (whole cycles need "
                     "two target graphs in the trace: trace_breakdown.steady_breakdown)"
+                )
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise ValueError(
+                    f"{where}: profiles[{server}].{'.'.join(keys)}: expected ms, a number; "
+                    f"found {type(value).__name__} {value!r}"
                 )
             values[name] = value
     return {

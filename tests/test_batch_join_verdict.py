@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import statistics
 from pathlib import Path
 
@@ -100,7 +101,8 @@ def test_the_registered_plan_reads_each_figure_where_the_registration_put_it():
     assert r["join_nospec_over_stock_b4"]["value"] == pytest.approx(1.10, abs=1e-4)
     assert r["join_nospec_over_stock_b4"]["method"] == "paired rounds, bootstrap"
     assert r["join_over_plain_b4"]["value"] == pytest.approx(1.04, abs=1e-4)
-    assert r["join_over_plain_b4"]["ci95"] is None and "method" not in r["join_over_plain_b4"]
+    assert r["join_over_plain_b4"]["ci95"] is None
+    assert r["join_over_plain_b4"]["method"] == bs.VS_SETTING_ACROSS_RATIO
     assert r["join_nospec_over_stock_b16"]["value"] == pytest.approx(1.01, abs=1e-4)
     assert r["join_over_plain_b16"]["value"] == pytest.approx(1.0, abs=1e-4)
     assert [x["reading"] for x in r.values()] == ["within"] * 8
@@ -253,3 +255,77 @@ def test_committed_runs_that_lack_a_server_or_a_batch_are_named(capsys):
     assert bj.main(["--bench", trained, *roles]) == 2
     err = capsys.readouterr().err
     assert f"{Path(trained).name}: no row of nospec-join at batch 4 (the run's batches: [1])" in err
+
+
+def test_the_ranges_are_the_registrations():
+    """Each range and point as docs/next-device-sessions.md registered them (its top section's
+    H100 branch), the gap from the committed trained ``join`` 3/1/4 cycle fit, and the profile
+    points from the eighth run: a mistyped bound fails here, not only where a figure lands."""
+    doc = (RESULTS.parent.parent.parent / "docs" / "next-device-sessions.md").read_text()
+    branch = doc.split("- **An H100 (no H200 within the start window): `join` at batches")[1]
+    branch = " ".join(branch.split("## Registered")[0].split())
+    found = [tuple(map(float, m)) for m in re.findall(
+        r"(\d\.\d+)-(\d\.\d+)(?: ms a cycle)? \((\d\.\d+)[;)]", branch)]  # fmt: skip
+    ranges = {name: bounds for name, (*_, bounds) in bj.REGISTERED.items()}
+    assert found[:6] == [ranges[k] for k in (
+        "join_over_plain_b1", "join_nospec_over_stock_decode_b1", "join_nospec_over_stock_b4",
+        "join_over_plain_b4", "join_nospec_over_stock_b16", "join_over_plain_b16")]  # fmt: skip
+    drafter, idle = (bounds for _, bounds in bj.PROFILED.values())
+    assert "the drafter's graph kernels 0.50-0.75 ms a cycle" in branch and drafter[:2] == (
+        0.50, 0.75)
+    assert "before the drafter's graphs 0.2-0.6 ms" in branch and idle[:2] == (0.2, 0.6)
+    assert "0.600 ms" in branch and "(eighth run 0.406)" in branch
+    assert (drafter[2], idle[2]) == (0.600, 0.406)
+    assert f"≤ {bj.CYCLE_BAR_MS} ms (0.79 ms under {bj.CYCLE_MS})" in branch
+    fit = json.loads(Path(f"{_run('07-trained-join-314')}-cycle-fit.json").read_text())
+    line = fit["servers"]["spec-3-1-4-join"]
+    assert abs(line["ms_per_cycle"] - bj.CYCLE_MS) <= 0.0051  # 10.555, registered as 10.56
+
+
+def test_join_nospec_below_one_after_the_first_token_rules_join_out_at_batch_1():
+    """At batch 1 the rule reads the after-first-token figure: a whole-request interval above 1
+    does not keep ``join`` there."""
+    b = bench()
+    [row] = [r for r in b["rows"] if r["server"] == "nospec-join" and r["batch"] == 1]
+    row |= {"decode_speedup": 0.95, "decode_speedup_ci95": [0.93, 0.97],
+            "speedup": 1.05, "speedup_ci95": [1.02, 1.08]}  # fmt: skip
+    v = bj.verdict(b, bj.ROLES, "b.json")
+    assert v["join_for_batch"] == {"1": False, "4": True, "16": True}
+    assert v["readings"]["join_nospec_over_stock_decode_b1"]["reading"] == "below"
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ([], "b.json: the file: expected a JSON object"),
+        ({"rows": None, "servers": "abc"}, "b.json: servers: expected a list, found str 'abc'"),
+        ({"rows": ["x"]}, r"b.json: rows\[0\]: expected an object, found str 'x'"),
+        ({"rows": [{"server": "nospec", "batch": "1"}]},
+         r"b.json: rows\[0\].batch: expected an integer, found str '1'"),
+        ({"rows": [{"server": "a", "batch": 1, "speedup": "1.1"}]},
+         r"b.json: rows\[0\].speedup: expected a number or null, found str '1.1'"),
+        ({"rows": [{"server": "a", "batch": 1, "speedup_ci95": [1.0]}]},
+         r"b.json: rows\[0\].speedup_ci95: expected \[low, high\], two numbers"),
+        ({"servers": [{"status": "ready"}]}, r"b.json: servers\[0\]: expected an object with"),
+        ({"profiles": []}, "b.json: profiles: expected an object, found list"),
+        ({"gpu": ["H100"]}, r"b.json: gpu: expected a GPU name, found list \['H100'\]"),
+        ({"gpu_info": []}, "b.json: gpu_info: expected an object, found list"),
+    ],
+)  # fmt: skip
+def test_a_malformed_bench_is_named_in_one_line(tmp_path, capsys, content, message):
+    path = tmp_path / "b.json"
+    path.write_text(json.dumps(content))
+    assert bj.main(["--bench", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert re.match(f"batch_join_verdict: {message}", err) and err.count("\n") == 1, err
+
+
+def test_a_profile_figure_that_is_not_a_number_is_named(tmp_path, capsys):
+    b = bench()
+    b["profiles"]["spec-3-1-4-join"]["steady"]["gpu_idle_before_ms"]["drafter_graph"] = "0.4"
+    path = tmp_path / "b.json"
+    path.write_text(json.dumps(b))
+    assert bj.main(["--bench", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "b.json: profiles[spec-3-1-4-join].steady.gpu_idle_before_ms.drafter_graph: " \
+        "expected ms, a number; found str '0.4'" in err

@@ -136,3 +136,39 @@ def test_cli_refuses_an_existing_out_and_a_bad_role(tmp_path, capsys):
     assert out.read_text() == "{}"
     assert sv.main([*args, "--role", "slow=x"]) == 2
     assert "--role 'slow=x'" in capsys.readouterr().err
+
+
+def test_every_committed_bench_has_the_shape_the_verdicts_check():
+    """``bench_shape`` refuses what bench_speed does not write, and nothing it wrote: every
+    committed bench and speed file passes it."""
+    root = Path(__file__).resolve().parent / "gpu" / "results"
+    files = {p.name: json.loads(p.read_text()) for p in sorted(root.glob("*.json"))}
+    benches = {n: d for n, d in files.items() if isinstance(d, dict) and "servers" in d
+               and "rows" in d}  # fmt: skip
+    assert len(benches) >= 40
+    for name, bench in benches.items():
+        sv.bench_shape(bench, name)
+
+
+@pytest.mark.parametrize(
+    ("tool", "flags"),
+    [("trained_join_verdict", ("--cycle-fit", "--logs")), ("join_verdict", ("--traces",)),
+     ("server_mode_verdict", ("--cycle-fit",)), ("batch_join_verdict", ())],
+)  # fmt: skip
+def test_every_verdict_names_a_bench_that_is_not_an_object(tool, flags, tmp_path, capsys):
+    """The shared command line checks the file's shape before any verdict reads it: a list
+    where the object belongs is one line naming the file, not a traceback."""
+    import importlib
+
+    module = importlib.import_module(f"sglang_ext_tools.{tool}")
+    bench, fit = tmp_path / "b.json", tmp_path / "fit.json"
+    bench.write_text("[]")
+    fit.write_text("{}")
+    given = {"--cycle-fit": str(fit), "--logs": str(tmp_path), "--traces": str(tmp_path)}
+    argv = ["--bench", str(bench), *(x for f in flags for x in (f, given[f]))]
+    assert module.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"{tool}: b.json: the file: expected a JSON object (bench_speed's --out-json), "
+        "found list []\n"
+    )
