@@ -152,6 +152,9 @@ def test_the_profiled_split_decides_the_next_step(drafter, idle, both, cut):
     assert d["cut_the_gap"] is cut
     assert ("cutting that gap" in d["reasoning"]) is cut
     assert ("out of reach" in d["reasoning"]) is not cut
+    # between the unrounded gap (0.783) and the registered 0.79: decided by the registration,
+    # and flagged
+    assert ("a hair's decision" in d["reasoning"]) is (0.783 < both <= 0.79)
 
 
 def test_a_join_server_that_did_not_come_up_reads_unread():
@@ -280,6 +283,7 @@ def test_the_ranges_are_the_registrations():
     fit = json.loads(Path(f"{_run('07-trained-join-314')}-cycle-fit.json").read_text())
     line = fit["servers"]["spec-3-1-4-join"]
     assert abs(line["ms_per_cycle"] - bj.CYCLE_MS) <= 0.0051  # 10.555, registered as 10.56
+    assert bj.GAP_UNROUNDED_MS == round(line["ms_per_cycle"] - line["decode_step_ms"] / 0.82, 3)
 
 
 def test_join_nospec_below_one_after_the_first_token_rules_join_out_at_batch_1():
