@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from sglang_ext_tools.bench_shape import bench_shape
 from sglang_ext_tools.bench_speed import over_own_baselines
 from sglang_ext_tools.json_out import emit
 
@@ -120,6 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     raise ValueError(f"{path}: another file of that name is in --pair already")
                 if path.name not in benches:
                     benches[path.name] = json.loads(path.read_text())
+                    bench_shape(benches[path.name], path.name)
                 loaded.append((benches[path.name], server, path.name))
             pairs[name] = compare(*loaded)
         same_runs(benches)  # the result's GPU and versions hold for every pair

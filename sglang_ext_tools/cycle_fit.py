@@ -35,6 +35,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from sglang_ext_tools.bench_shape import bench_shape
 from sglang_ext_tools.stats import bootstrap_ci
 
 Point = tuple[float, float]  # (verify cycles, decode seconds) of one request
@@ -287,6 +288,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         bench = json.loads(args.bench.read_text())
     except (OSError, ValueError) as e:
         print(f"error: {args.bench}: cannot read it as JSON ({e})", file=sys.stderr)
+        return 1
+    try:
+        bench_shape(bench, args.bench.name)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 1
     try:
         lines = servers(bench, args.acceptance)

@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from sglang_ext_tools.bench_shape import bench_shape, found
 from sglang_ext_tools.json_out import emit
 
 # the up-projection's cheap and dear bounds are the standalone probe's registration's
@@ -207,61 +208,6 @@ def parse_roles(
     return roles
 
 
-# the row figures the mode verdicts read (and every ``*_ci95``): numbers or null
-ROW_FIGURES = (
-    "speedup", "vs_setting", "decode_speedup", "tau", "eta", "eta_same_switch",
-    "speedup_same_switch", "spec_tpot_ms",
-)  # fmt: skip
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _found(value: Any) -> str:
-    return f"{type(value).__name__} {value!r}"[:80]
-
-
-def bench_shape(bench: Any, where: str) -> None:
-    """A bench file as bench_speed writes it, checked before any verdict reads it: an object
-    whose ``rows`` are objects with a ``server`` name and an integer ``batch`` and numeric (or
-    null) figures, each ``*_ci95`` two numbers, ``servers`` objects with a ``name``,
-    ``profiles`` an object of objects, ``gpu`` a name and ``gpu_info`` an object. What is
-    not is named with the file, the field, what was expected and what was found."""
-
-    def bad(field: str, expected: str, value: Any) -> ValueError:
-        return ValueError(f"{where}: {field}: expected {expected}, found {_found(value)}")
-
-    if not isinstance(bench, Mapping):
-        raise bad("the file", "a JSON object (bench_speed's --out-json)", bench)
-    for key, kind, expected in (("rows", list, "a list"), ("servers", list, "a list"),
-                                ("profiles", Mapping, "an object"), ("gpu", str, "a GPU name"),
-                                ("gpu_info", Mapping, "an object")):  # fmt: skip
-        if bench.get(key) is not None and not isinstance(bench[key], kind):
-            raise bad(key, expected, bench[key])
-    for i, row in enumerate(bench.get("rows") or []):
-        if not isinstance(row, Mapping):
-            raise bad(f"rows[{i}]", "an object", row)
-        if not isinstance(row.get("server"), str):
-            raise bad(f"rows[{i}].server", "a server name", row.get("server"))
-        if not isinstance(row.get("batch"), int) or isinstance(row.get("batch"), bool):
-            raise bad(f"rows[{i}].batch", "an integer", row.get("batch"))
-        for key, value in row.items():
-            if value is None:
-                continue
-            if key.endswith("_ci95"):
-                if not (isinstance(value, list) and len(value) == 2 and all(map(_number, value))):
-                    raise bad(f"rows[{i}].{key}", "[low, high], two numbers", value)
-            elif key in ROW_FIGURES and not _number(value):
-                raise bad(f"rows[{i}].{key}", "a number or null", value)
-    for i, server in enumerate(bench.get("servers") or []):
-        if not isinstance(server, Mapping) or not isinstance(server.get("name"), str):
-            raise bad(f"servers[{i}]", "an object with a name", server)
-    for name, profile in (bench.get("profiles") or {}).items():
-        if not isinstance(profile, Mapping):
-            raise bad(f"profiles.{name}", "an object", profile)
-
-
 def cli(
     argv: Sequence[str] | None,
     description: str,
@@ -298,7 +244,7 @@ def cli(
         if fit and not isinstance(fit[0], Mapping):
             raise ValueError(
                 f"{args.cycle_fit}: expected a JSON object (cycle_fit's --out), found "
-                f"{_found(fit[0])}"
+                f"{found(fit[0])}"
             )
         of, bench_name = (fit[0].get("bench") if fit else None), Path(args.bench).name
         if of is not None and of != bench_name:

@@ -138,18 +138,6 @@ def test_cli_refuses_an_existing_out_and_a_bad_role(tmp_path, capsys):
     assert "--role 'slow=x'" in capsys.readouterr().err
 
 
-def test_every_committed_bench_has_the_shape_the_verdicts_check():
-    """``bench_shape`` refuses what bench_speed does not write, and nothing it wrote: every
-    committed bench and speed file passes it."""
-    root = Path(__file__).resolve().parent / "gpu" / "results"
-    files = {p.name: json.loads(p.read_text()) for p in sorted(root.glob("*.json"))}
-    benches = {n: d for n, d in files.items() if isinstance(d, dict) and "servers" in d
-               and "rows" in d}  # fmt: skip
-    assert len(benches) >= 40
-    for name, bench in benches.items():
-        sv.bench_shape(bench, name)
-
-
 @pytest.mark.parametrize(
     ("tool", "flags"),
     [("trained_join_verdict", ("--cycle-fit", "--logs")), ("join_verdict", ("--traces",)),
