@@ -761,6 +761,7 @@ def test_speedup_interval_at_concurrency_1_matches_the_printed_speedup(recorded,
     # At concurrency > 1 the latencies overlap: no interval is claimed.
     spec, _, url = _serve({"generate": rows}, {"speculative_algorithm": "EAGLE3"}, 0.0)
     try:
+        out = tmp_path / "r2.json"  # the first run's report is never written over
         rc = b.main(["--url", url, "--baseline-url", url, *common, "--concurrency", "2",
                      "--out", str(out)])  # fmt: skip
     finally:
@@ -877,3 +878,53 @@ def test_import_is_cheap():
     code += "if m.split('.')[0] in ('sglang', 'torch', 'transformers', 'aiohttp')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--out", "{prompts}"], "--out {prompts}: that is the --prompts file; not overwriting it"),
+        (["--out", "{kept}"], "--out {kept}: exists; not overwriting it"),
+        (["--plot", "{kept}"], "--plot {kept}: exists; not overwriting it"),
+        (["--out", "{tmp}/r.json", "--plot", "{tmp}/r.json"],
+         "--out and --plot name the same file {tmp}/r.json"),
+        (["--out", "{tmp}/nodir/r.json"], "--out {tmp}/nodir/r.json: its folder {tmp}/nodir does "
+         "not exist"),
+    ],
+)  # fmt: skip
+def test_a_destination_is_refused_before_any_request(tmp_path, capsys, extra, message):
+    """--out and --plot are checked before the server is even probed (the URL here serves
+    nothing): a file is never written over, the prompts least of all, and a folder that is
+    missing is named before the run instead of losing its results at the end."""
+    if "--plot" in extra:
+        pytest.importorskip("matplotlib")
+    prompts, kept = tmp_path / "p.jsonl", tmp_path / "kept.json"
+    prompts.write_text('{"prompt": "hi"}\n')
+    kept.write_text("kept")
+    names = {"prompts": prompts, "kept": kept, "tmp": tmp_path}
+    argv = ["--url", f"http://127.0.0.1:{_free_port()}", "--prompts", str(prompts),
+            "--no-progress", *(x.format(**names) for x in extra)]  # fmt: skip
+    assert b.main(argv) == 2
+    err = capsys.readouterr().err
+    assert message.format(**names) in err and "not reachable" not in err, err
+    assert prompts.read_text() == '{"prompt": "hi"}\n' and kept.read_text() == "kept"
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("--timeout", "-1"), ("--timeout", "nan"), ("--timeout", "0"),
+     ("--min-accept-length", "nan"), ("--min-accept-length", "-1"), ("--temperature", "inf"),
+     ("--url", "http://127.0.0.1:1/a b"), ("--url", "http://127.0.0.1:1/\x07")],
+)  # fmt: skip
+def test_numbers_and_urls_that_cannot_be_meant_are_usage_errors(flag, value, capsys):
+    with pytest.raises(SystemExit) as e:
+        b.build_parser().parse_args([flag, value])
+    assert e.value.code == 2 and flag in capsys.readouterr().err
+
+
+def test_a_prompt_file_that_is_not_utf8_is_named(tmp_path, capsys):
+    f = tmp_path / "p.jsonl"
+    f.write_bytes(b"\xff\xfe{}\n")
+    assert b.main(["--prompts", str(f), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"prompt file {f}: expected UTF-8 JSONL, found byte 0xff at offset 0" in err

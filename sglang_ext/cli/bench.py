@@ -31,6 +31,8 @@ import asyncio
 import contextlib
 import contextvars
 import json
+import math
+import os
 import sys
 import threading
 import time
@@ -124,6 +126,11 @@ def load_prompts(path: str | None) -> tuple[list[Prompt], str]:
             text = Path(path).read_text(encoding="utf-8")
         except OSError as e:
             raise BenchError(f"cannot read prompt file {path}: {e.strerror or e}") from None
+        except UnicodeDecodeError as e:
+            raise BenchError(
+                f"prompt file {path}: expected UTF-8 JSONL, found byte {e.object[e.start]:#04x} "
+                f"at offset {e.start}"
+            ) from None
         return parse_prompt_lines(text.splitlines(), path), path
     bundled = Path(__file__).parents[1] / "data" / "heldout_prompts.jsonl"  # sglang_ext/data
     lines = bundled.read_text(encoding="utf-8").splitlines()
@@ -534,8 +541,26 @@ def _int_at_least(low: int):
     return parse
 
 
+def _finite_at_least(low: float, strict: bool = False):
+    """An argparse type: a finite number >= ``low`` (> ``low`` where ``strict``)."""
+
+    def parse(s: str) -> float:
+        value = float(s)
+        if not math.isfinite(value) or value < low or (strict and value == low):
+            raise argparse.ArgumentTypeError(
+                f"expected a finite number {'>' if strict else '>='} {low:g}, got {s!r}"
+            )
+        return value
+
+    return parse
+
+
 def server_url(text: str) -> str:
     """A server base URL: http(s)://HOST[:PORT][/PREFIX] (argparse type: a usage error)."""
+    if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a server URL: it holds whitespace or a control character"
+        )
     try:
         parts = urlsplit(text)
         parts.port  # noqa: B018 - raises ValueError on a port that is not a number
@@ -566,22 +591,26 @@ def build_parser() -> argparse.ArgumentParser:
     add("--concurrency", type=_int_at_least(1), default=1, help="1 = single stream")
     add("--max-new-tokens", type=_int_at_least(1), default=256,
         help="tokens generated per request (default 256)")  # fmt: skip
-    add("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
+    add("--temperature", type=_finite_at_least(0.0), default=0.0,
+        help="sampling temperature (default 0: greedy)")  # fmt: skip
     add("--ignore-eos", action="store_true", help="generate exactly --max-new-tokens tokens")
     add("--warmup", type=_int_at_least(0), default=2, metavar="K", help="untimed, per server")
     add("--no-stream", dest="stream", action="store_false", help="no TTFT/TPOT")
-    add("--timeout", type=float, default=600.0, help="per-request timeout, seconds")
+    add("--timeout", type=_finite_at_least(0.0, strict=True), default=600.0,
+        help="per-request timeout, seconds")  # fmt: skip
     add("--baseline-url", type=server_url,
         help="no-speculation server to run the same prompts against")  # fmt: skip
     add("--order", choices=ORDERS, default=None,
         help="with --baseline-url: 'paired' alternates the servers prompt by prompt (the "
         "default at concurrency 1), 'phases' runs every prompt on one server, then on the "
         "other (the only order at concurrency > 1)")  # fmt: skip
-    add("--out", metavar="REPORT.json", help="write a JSON report")
-    add("--plot", metavar="FILE.png", help="acceptance per position + accept-length histogram")
+    add("--out", metavar="REPORT.json", help="write a JSON report (never over an existing file)")
+    add("--plot", metavar="FILE.png",
+        help="acceptance per position + accept-length histogram (never over an existing file)")
     add("--per-request", action="store_true", help="print a per-request table")
     add("--no-progress", dest="progress", action="store_false", help="no progress display")
-    add("--min-accept-length", type=float, help="exit 1 if the exact accept length is below")
+    add("--min-accept-length", type=_finite_at_least(0.0),
+        help="exit 1 if the exact accept length is below")  # fmt: skip
     return p
 
 
@@ -603,6 +632,37 @@ def resolve_order(order: str | None, concurrency: int, baseline_url: str | None)
     return order or ("paired" if concurrency == 1 else "phases")
 
 
+def check_destinations(args: argparse.Namespace) -> None:
+    """``--out`` and ``--plot`` are checked before any request: a file that exists is never
+    written over (the prompt file least of all), the two must differ, and each one's folder
+    must exist and be writable, so a run's results are not lost at its end."""
+    named = [(flag, getattr(args, dest)) for flag, dest in (("--out", "out"), ("--plot", "plot"))]
+    named = [(flag, Path(path)) for flag, path in named if path]
+    if len(named) == 2 and named[0][1].resolve() == named[1][1].resolve():
+        raise exit_codes.Refused(f"--out and --plot name the same file {named[0][1]}")
+    for flag, path in named:
+        if args.prompts and path.resolve() == Path(args.prompts).resolve():
+            raise exit_codes.Refused(
+                f"{flag} {path}: that is the --prompts file; not overwriting it"
+            )
+        if path.exists() or path.is_symlink():
+            raise exit_codes.Refused(f"{flag} {path}: exists; not overwriting it")
+        folder = path.parent
+        if not folder.is_dir():
+            raise exit_codes.UsageError(f"{flag} {path}: its folder {folder} does not exist")
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise exit_codes.UsageError(f"{flag} {path}: its folder {folder} is not writable")
+
+
+def _write_new(flag: str, path: str, text: str) -> None:
+    """Write a file that must not exist yet (created exclusively: never over another)."""
+    try:
+        with open(path, "x", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        raise exit_codes.UsageError(f"{flag} {path}: cannot write it ({e.strerror or e})") from None
+
+
 def _num_positions(server: Mapping[str, Any] | None) -> int | None:
     v = (server or {}).get("speculative_num_steps")
     return v if isinstance(v, int) and v > 0 else None
@@ -618,13 +678,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             error = exit_codes.UsageError("--plot needs matplotlib (pip install matplotlib)")
             return exit_codes.fail("bench", error)
     try:
+        check_destinations(args)
         order = resolve_order(args.order, args.concurrency, args.baseline_url)
         prompts, source = load_prompts(args.prompts)
         prompts = select_prompts(prompts, args.num_requests)
         probe_timeout = min(args.timeout, 30.0)
         server = probe_server(args.url, probe_timeout)
         base_server = probe_server(args.baseline_url, probe_timeout) if args.baseline_url else None
-    except BenchError as e:
+    except exit_codes.UsageError as e:
         return exit_codes.fail("bench", e)
     if server.get("speculative_algorithm") in (None, "", "NONE") and "version" in server:
         print(f"note: {args.url} reports no speculative algorithm", file=sys.stderr)
@@ -697,10 +758,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             baseline=baseline,
             comparison=comparison,
         )
-        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+        try:
+            _write_new("--out", args.out, json.dumps(report, indent=2) + "\n")
+        except exit_codes.UsageError as e:
+            return exit_codes.fail("bench", e)
         print(f"report written to {args.out}", file=out)
     if args.plot:
-        write_plot(args.plot, summary, results)
+        try:
+            write_plot(args.plot, summary, results)
+        except OSError as e:
+            return exit_codes.fail(
+                "bench", exit_codes.UsageError(f"--plot {args.plot}: cannot write it ({e})")
+            )
         print(f"plot written to {args.plot}", file=out)
     rc = 1 if summary["num_failed"] or (baseline and baseline["summary"]["num_failed"]) else 0
     al = summary["acceptance"]["accept_length"]
