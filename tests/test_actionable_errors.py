@@ -16,6 +16,7 @@ from safetensors.numpy import load_file, save_file
 from sglang_ext.cli import doctor
 from sglang_ext.demo import BUNDLED
 from sglang_ext.drafter.checkpoint_files import DrafterLoadError
+from sglang_ext.drafter.config_fields import DrafterConfigError
 from sglang_ext.drafter.loading import LoadPlan
 from sglang_ext.drafter.speculators_format import load_drafter_spec
 
@@ -180,3 +181,76 @@ def test_nonfinite_values_are_counted_across_read_chunks(tmp_path, monkeypatch, 
     tensors = {t.name: t for t in read_checkpoint(tmp_path)}
     assert nonfinite_count(tmp_path, tensors["w"]) == 4
     assert nonfinite_count(tmp_path, tensors["a"]) == 0
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("head_dim", 0, "field 'head_dim' must be > 0, found 0"),
+        ("num_key_value_heads", 0, "field 'num_key_value_heads' must be > 0, found 0"),
+        ("num_key_value_heads", 3, "field 'num_key_value_heads' must divide"),
+        ("hidden_size", -32, "field 'hidden_size' must be > 0, found -32"),
+        ("num_hidden_layers", 0, "field 'num_hidden_layers' must be > 0, found 0"),
+        ("vocab_size", 0, "field 'vocab_size' must be > 0, found 0"),
+    ],
+)
+def test_a_size_of_zero_is_refused_by_field_not_replaced(tmp_path, field, value, message):
+    """A 0 where a size belongs used to fall back to a default through ``or`` (head_dim 0 became
+    hidden/heads, and convert wrote that out): it is the field's mistake, named."""
+    directory = edit_layer_config(bundled(tmp_path), **{field: value})
+    with pytest.raises(DrafterConfigError, match=message):
+        load_drafter_spec(directory)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"draft_vocab_size": 0}, "field 'draft_vocab_size' must be > 0, found 0"),
+        ({"dtype": "banana"}, "field 'dtype' must be one of"),
+        ({"torch_dtype": 16}, "field 'torch_dtype' must be one of"),
+    ],
+)
+def test_a_speculators_config_value_that_cannot_be_is_named(tmp_path, fields, message):
+    directory = bundled(tmp_path)
+    config = json.loads((directory / "config.json").read_text())
+    config.pop("dtype", None)
+    (directory / "config.json").write_text(json.dumps(config | fields))
+    with pytest.raises(DrafterConfigError, match=message):
+        load_drafter_spec(directory)
+
+
+def _sglang_config(tmp_path: Path, **fields) -> Path:
+    """An SGLang-format EAGLE-3 config (no weights: the spec is read from the config alone)."""
+    directory = tmp_path / "sgl"
+    directory.mkdir()
+    config = {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 64,
+              "num_hidden_layers": 1, "num_attention_heads": 4, "intermediate_size": 128,
+              "vocab_size": 256, "draft_vocab_size": 128}  # fmt: skip
+    (directory / "config.json").write_text(json.dumps(config | fields))
+    return directory
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"norm_output": "false"}, {"tie_word_embeddings": "false"}, {"fc_norm": 0},
+     {"norm_before_fc": "false"}, {"eagle_config": {"use_aux_hidden_state": "false"}},
+     {"eagle_config": {"norm_before_fc": "no"}}],
+)  # fmt: skip
+def test_an_sglang_flag_that_is_not_true_or_false_is_refused(tmp_path, fields):
+    """bool("false") is True: a quoted flag used to read as set, and doctor said OK."""
+    directory = _sglang_config(tmp_path, **fields)
+    with pytest.raises(DrafterConfigError, match="must be true/false, found"):
+        load_drafter_spec(directory)
+
+
+def test_sglang_flags_as_published_read_as_written(tmp_path):
+    eagle = {"use_aux_hidden_state": False, "norm_before_fc": True}
+    spec = load_drafter_spec(_sglang_config(
+        tmp_path, norm_output=True, tie_word_embeddings=False, eagle_config=eagle,
+        torch_dtype="bfloat16",
+    ))  # fmt: skip
+    assert spec.norm_output and not spec.tie_word_embeddings
+    assert not spec.use_aux_hidden_state and spec.norm_before_fc and spec.dtype == "bfloat16"
+    with pytest.raises(DrafterConfigError, match="num_aux_hidden_states' must be > 0"):
+        (tmp_path / "zero").mkdir()
+        load_drafter_spec(_sglang_config(tmp_path / "zero", num_aux_hidden_states=0))

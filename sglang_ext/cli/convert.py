@@ -126,7 +126,9 @@ def convert(
         info = TargetInfo.from_path(target)
         problems = spec.target_problems(info)
         if problems:
-            raise DrafterConfigError("; ".join(problems))
+            raise DrafterConfigError(
+                f"{src} against the target {target}: " + "; ".join(problems)
+            )
         ids = info.sglang_ids_for(spec.captured_layers(info))
     elif spec.aux_hidden_state_layer_ids:
         # Without a target, assume SGLang's llama/qwen rule (layers_to_capture = id + 1).

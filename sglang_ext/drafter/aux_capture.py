@@ -71,13 +71,18 @@ class TargetInfo:
             or architectures_field(text, f"{where}: text_config")
             or ["<unknown>"]
         )
+        sizes = {}
+        for key in ("num_hidden_layers", "hidden_size", "vocab_size"):
+            sizes[key] = require_field(text, key, int, where)
+            if sizes[key] <= 0:
+                raise DrafterConfigError(
+                    f"{where}: the target's field '{key}' must be > 0, found {sizes[key]}"
+                )
         return cls(
             path=str(path),
             architecture=str(archs[0]),
             model_type=str(text.get("model_type") or config.get("model_type") or "<unknown>"),
-            num_hidden_layers=require_field(text, "num_hidden_layers", int, where),
-            hidden_size=require_field(text, "hidden_size", int, where),
-            vocab_size=require_field(text, "vocab_size", int, where),
+            **sizes,
             captures_final_state=class_captures_final_state(archs, version_tuple(sglang_version())),
         )
 

@@ -87,21 +87,56 @@ def load_drafter_spec(path: str | Path) -> DrafterSpec:
     return _sglang_spec(config, cfg_file)
 
 
+def _positive(value: int | None, key: str, where: str) -> int | None:
+    """A size field's value, refused by name where it is 0 or negative (None: absent)."""
+    if value is not None and value <= 0:
+        raise DrafterConfigError(f"{where}: field '{key}' must be > 0, found {value}")
+    return value
+
+
 def _layer_geometry(layer: Mapping[str, Any], where: str) -> dict[str, int]:
-    hidden = require_field(layer, "hidden_size", int, where)
-    heads = require_field(layer, "num_attention_heads", int, where)
-    if heads <= 0:
-        raise DrafterConfigError(f"{where}: field 'num_attention_heads' must be > 0, found {heads}")
-    head_dim = optional_field(layer, "head_dim", int, where) or hidden // heads
+    def size(key: str) -> int:
+        return _positive(require_field(layer, key, int, where), key, where)
+
+    def optional_size(key: str) -> int | None:
+        return _positive(optional_field(layer, key, int, where), key, where)
+
+    hidden, heads = size("hidden_size"), size("num_attention_heads")
+    head_dim = optional_size("head_dim") or hidden // heads
+    kv_heads = optional_size("num_key_value_heads") or heads
+    if heads % kv_heads:
+        raise DrafterConfigError(
+            f"{where}: field 'num_key_value_heads' must divide num_attention_heads {heads}, "
+            f"found {kv_heads}"
+        )
     return {
         "hidden_size": hidden,
-        "num_hidden_layers": require_field(layer, "num_hidden_layers", int, where),
+        "num_hidden_layers": size("num_hidden_layers"),
         "num_attention_heads": heads,
-        "num_key_value_heads": optional_field(layer, "num_key_value_heads", int, where) or heads,
+        "num_key_value_heads": kv_heads,
         "head_dim": head_dim,
-        "intermediate_size": require_field(layer, "intermediate_size", int, where),
-        "vocab_size": require_field(layer, "vocab_size", int, where),
+        "intermediate_size": size("intermediate_size"),
+        "vocab_size": size("vocab_size"),
     }
+
+
+# the dtypes a checkpoint's config may name (HF's torch_dtype / dtype, "torch." prefix allowed)
+CONFIG_DTYPES = ("bfloat16", "float16", "float32", "float64", "auto")
+
+
+def _dtype_field(config: Mapping[str, Any], where: str) -> str | None:
+    """``dtype`` (transformers >= 4.56) or ``torch_dtype``: a dtype name or absent."""
+    for key in ("dtype", "torch_dtype"):
+        value = config.get(key)
+        if value is None:
+            continue
+        name = value.removeprefix("torch.") if isinstance(value, str) else None
+        if name not in CONFIG_DTYPES:
+            raise DrafterConfigError(
+                f"{where}: field '{key}' must be one of {list(CONFIG_DTYPES)}, found {value!r}"
+            )
+        return value
+    return None
 
 
 def _refuse_biases(layer: Mapping[str, Any], where: str) -> None:
@@ -157,7 +192,9 @@ def _speculators_spec(config: Mapping[str, Any], cfg_file: Path) -> DrafterSpec:
         )
     geometry = _layer_geometry(layer, layer_where)
     _refuse_biases(layer, layer_where)
-    draft_vocab = require_field(config, "draft_vocab_size", int, where)
+    draft_vocab = _positive(
+        require_field(config, "draft_vocab_size", int, where), "draft_vocab_size", where
+    )
     if draft_vocab > geometry["vocab_size"]:
         raise DrafterConfigError(
             f"{where}: draft_vocab_size {draft_vocab} exceeds the vocab_size "
@@ -208,7 +245,7 @@ def _speculators_spec(config: Mapping[str, Any], cfg_file: Path) -> DrafterSpec:
         sliding_window=window,
         speculative_tokens=proposals[0].get("speculative_tokens"),
         verifier_name_or_path=verifier.get("name_or_path"),
-        dtype=config.get("dtype") or config.get("torch_dtype"),
+        dtype=_dtype_field(config, where),
         layer_config=dict(layer),
     )
 
@@ -255,10 +292,15 @@ def _sglang_spec(config: Mapping[str, Any], cfg_file: Path) -> DrafterSpec:
         where,
         "eagle_config.eagle_aux_hidden_state_layer_ids",
     )
-    num_aux = optional_field(config, "num_aux_hidden_states", int, where) or (
-        len(aux) if aux else 3
+    num_aux = _positive(
+        optional_field(config, "num_aux_hidden_states", int, where), "num_aux_hidden_states", where
+    ) or (len(aux) if aux else 3)
+    eagle_where = f"{where}: eagle_config"
+    norm_before_fc = (
+        flag_field(eagle, "norm_before_fc", eagle_where)
+        if eagle.get("norm_before_fc") is not None
+        else flag_field(config, "norm_before_fc", where)
     )
-    norm_before_fc = bool(eagle.get("norm_before_fc", config.get("norm_before_fc", False)))
     mla = None
     if archs[0] == MLA_DRAFTER_ARCHITECTURE:
         mla = MLAGeometry.from_config(config, where)
@@ -279,20 +321,24 @@ def _sglang_spec(config: Mapping[str, Any], cfg_file: Path) -> DrafterSpec:
         architecture=archs[0],
         layer_type="mla" if mla else "llama",
         **geometry,
-        draft_vocab_size=optional_field(config, "draft_vocab_size", int, where),
-        target_hidden_size=optional_field(config, "target_hidden_size", int, where),
+        draft_vocab_size=_positive(
+            optional_field(config, "draft_vocab_size", int, where), "draft_vocab_size", where
+        ),
+        target_hidden_size=_positive(
+            optional_field(config, "target_hidden_size", int, where), "target_hidden_size", where
+        ),
         aux_hidden_state_layer_ids=aux,
         aux_id_convention="sglang",
         num_aux_hidden_states=int(num_aux),
-        use_aux_hidden_state=bool(eagle.get("use_aux_hidden_state", True)),
+        use_aux_hidden_state=flag_field(eagle, "use_aux_hidden_state", eagle_where, default=True),
         norm_before_residual=False,
         norm_before_fc=norm_before_fc,
-        fc_norm=bool(config.get("fc_norm") or config.get("use_aux_norm")),
-        norm_output=bool(config.get("norm_output", False)),
+        fc_norm=flag_field(config, "fc_norm", where) or flag_field(config, "use_aux_norm", where),
+        norm_output=flag_field(config, "norm_output", where),
         embed_requires_grad=False,
-        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        tie_word_embeddings=flag_field(config, "tie_word_embeddings", where),
         attention_bias=False,
-        dtype=config.get("dtype") or config.get("torch_dtype"),
+        dtype=_dtype_field(config, where),
         mla=mla,
         layer_config=dict(config),
     )
