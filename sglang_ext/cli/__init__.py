@@ -36,6 +36,14 @@ class Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+
+def positive_int(text: str) -> int:
+    """An argparse type: a count of at least 1 (0 or a negative one cannot be meant)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, found {text!r}")
+    return value
+
 def build_parser(json_errors: bool = False) -> argparse.ArgumentParser:
     parser = Parser(prog="sglang-ext", description=__doc__)
     parser.json_errors = json_errors
@@ -49,7 +57,7 @@ def build_parser(json_errors: bool = False) -> argparse.ArgumentParser:
     doctor.add_argument("--target", help="target model directory or its config.json")
     doctor.add_argument(
         "--context-length",
-        type=int,
+        type=positive_int,
         help="the server's --context-length, if given (default: the target's own)",
     )
     doctor.add_argument("--json", action="store_true", help="machine-readable report")
@@ -119,11 +127,12 @@ def build_parser(json_errors: bool = False) -> argparse.ArgumentParser:
         "probed on dummy weights (which route every token to the same experts)",
     )
     tune.add_argument(
-        "--tp", type=int, default=1, help="the target's tensor parallelism (with --target-config)"
+        "--tp", type=positive_int, default=1,
+        help="the target's tensor parallelism (with --target-config)",
     )
     tune.add_argument(
         "--output-tokens",
-        type=int,
+        type=positive_int,
         help="predict whole requests of this many output tokens (default: the probe's "
         "--max-new-tokens), each with its first token's time, where the probe measured it",
     )

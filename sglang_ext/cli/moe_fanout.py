@@ -40,11 +40,17 @@ class FanoutConfigError(exit_codes.InputError):
 _MOE_MARKERS = ("n_routed_experts", "num_experts", "num_local_experts")
 
 
-def _int(cfg: Mapping[str, Any], name: str, where: str) -> int:
+def _int(cfg: Mapping[str, Any], name: str, where: str, least: int = 1) -> int:
     value = cfg.get(name)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise FanoutConfigError(f"{where}: field {name!r} must be an integer >= 0, found {value!r}")
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        kind = "a positive integer" if least == 1 else f"an integer >= {least}"
+        raise FanoutConfigError(f"{where}: field {name!r} must be {kind}, found {value!r}")
     return value
+
+
+def _optional_int(cfg: Mapping[str, Any], name: str, where: str) -> int:
+    """A count a config may leave out or set to null (DeepSeek-V2-Lite's q_lora_rank): 0."""
+    return 0 if cfg.get(name) is None else _int(cfg, name, where, least=0)
 
 
 @dataclass(frozen=True)
@@ -59,25 +65,44 @@ class WeightBytes:
 
 def weight_bytes(cfg: Mapping[str, Any], where: str) -> WeightBytes:
     quant = cfg.get("quantization_config")
-    if not quant:
+    if quant is None or quant == {}:
         return WeightBytes()
-    method = quant.get("quant_method") if isinstance(quant, Mapping) else None
+    if not isinstance(quant, Mapping):
+        raise FanoutConfigError(
+            f"{where}: field 'quantization_config' must be an object with a 'quant_method', "
+            f"found {quant!r}"
+        )
+    method = quant.get("quant_method")
     if method == "fp8":  # DeepSeek-V3's block fp8: every linear layer but lm_head
         return WeightBytes(mlp=1.0, attention=1.0)
     if method == "compressed-tensors":
-        groups = quant.get("config_groups") or {}
-        bits = {
-            g.get("weights", {}).get("num_bits")
-            for g in groups.values()
-            if isinstance(g, Mapping) and isinstance(g.get("weights"), Mapping)
-        }
-        if len(bits) != 1 or not isinstance(next(iter(bits)), int):
+        groups = quant.get("config_groups")
+        if not isinstance(groups, Mapping):
             raise FanoutConfigError(
-                f"{where}: quantization_config.config_groups: expected one weights.num_bits, "
-                f"found {sorted(map(str, bits))}"
+                f"{where}: quantization_config.config_groups must be an object of named groups "
+                f"(each with its 'weights'), found {groups!r}"
             )
-        width = next(iter(bits)) / 8
-        ignored = " ".join(map(str, quant.get("ignore") or []))
+        for name, group in groups.items():
+            if not (isinstance(group, Mapping) and isinstance(group.get("weights") or {}, Mapping)):
+                raise FanoutConfigError(
+                    f"{where}: quantization_config.config_groups[{name!r}] must be an object "
+                    f"whose 'weights' is an object, found {group!r}"
+                )
+        bits = {g["weights"].get("num_bits") for g in groups.values() if g.get("weights")}
+        width = next(iter(bits)) if len(bits) == 1 else None
+        if not isinstance(width, int) or isinstance(width, bool) or width < 1:
+            raise FanoutConfigError(
+                f"{where}: quantization_config.config_groups: expected one weights.num_bits "
+                f"(a positive integer), found {sorted(map(str, bits))}"
+            )
+        ignore = quant.get("ignore") or []
+        if not isinstance(ignore, list) or not all(isinstance(i, str) for i in ignore):
+            raise FanoutConfigError(
+                f"{where}: quantization_config.ignore must be a list of module names or 're:' "
+                f"patterns, found {ignore!r}"
+            )
+        width /= 8
+        ignored = " ".join(ignore)
         return WeightBytes(
             mlp=width,
             attention=2.0 if "self_attn" in ignored else width,
@@ -100,8 +125,19 @@ class MoeFanout:
     @classmethod
     def from_config(cls, config: Mapping[str, Any], where: str, tp: int = 1) -> MoeFanout | None:
         """None for a dense target; the DeepSeek-V3 family's fields otherwise."""
-        cfg = config.get("text_config", config)  # Kimi-K2.5 nests its DeepSeek-V3 text model
-        if not isinstance(cfg, Mapping) or not any(k in cfg for k in _MOE_MARKERS):
+        if not isinstance(config, Mapping):
+            raise FanoutConfigError(
+                f"{where}: expected a JSON object (the target's config.json), found {config!r:.60}"
+            )
+        cfg = config.get("text_config")  # Kimi-K2.5 nests its DeepSeek-V3 text model
+        if cfg is None:  # absent or null: the text model is the config itself
+            cfg = config
+        elif not isinstance(cfg, Mapping):
+            raise FanoutConfigError(
+                f"{where}: field 'text_config' must be an object (the nested text model's "
+                f"config, as Kimi-K2.5 ships it) or null, found {cfg!r}"
+            )
+        if not any(k in cfg for k in _MOE_MARKERS):
             return None
         if "n_routed_experts" not in cfg or "kv_lora_rank" not in cfg:
             found = next(k for k in _MOE_MARKERS if k in cfg)
@@ -114,7 +150,6 @@ class MoeFanout:
             for k in (
                 "hidden_size",
                 "num_hidden_layers",
-                "first_k_dense_replace",
                 "n_routed_experts",
                 "num_experts_per_tok",
                 "moe_intermediate_size",
@@ -127,8 +162,14 @@ class MoeFanout:
                 "vocab_size",
             )
         }
-        q_lora = cfg.get("q_lora_rank") or 0
-        shared = cfg.get("n_shared_experts") or 0
+        f["first_k_dense_replace"] = _int(cfg, "first_k_dense_replace", where, least=0)
+        if f["num_experts_per_tok"] > f["n_routed_experts"]:
+            raise FanoutConfigError(
+                f"{where}: field 'num_experts_per_tok' is {f['num_experts_per_tok']}, more than "
+                f"n_routed_experts {f['n_routed_experts']} (a token routes to k of the N experts)"
+            )
+        q_lora = _optional_int(cfg, "q_lora_rank", where)
+        shared = _optional_int(cfg, "n_shared_experts", where)
         if tp < 1 or f["num_attention_heads"] % tp or f["moe_intermediate_size"] % tp:
             raise FanoutConfigError(
                 f"{where}: tensor parallelism {tp} does not divide num_attention_heads "

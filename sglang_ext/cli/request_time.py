@@ -28,9 +28,16 @@ The split comes from the probe itself, in the first of these that it has:
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+
+class ProbeFileError(ValueError):
+    """A probe whose times are not what bench_speed writes (names the file and field). A plain
+    ValueError: this module imports nothing of the package (ARCHITECTURE.md, floor 0), so
+    ``tune`` reports it as its own input error."""
 
 
 @dataclass(frozen=True)
@@ -64,31 +71,65 @@ class RequestTime:
         return (self.nospec_first_ms + decode) / (self.first(setting) + decode * cycle / tau)
 
 
-def _number(value: Any) -> float | None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
-    return float(value) if ok else None
+def _number(fields: Mapping[str, Any], name: str, where: str) -> float | None:
+    """A measured time or rate; None where it was not measured (bench_speed writes null, and a
+    ratio of nothing is 0); anything but a finite number is an error."""
+    value = fields.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        raise ProbeFileError(f"{where}: field {name!r} must be a number, found {value!r:.60}")
+    return float(value) if value > 0 else None
 
 
-def _nospec_trace_step(data: Mapping[str, Any]) -> float | None:
-    profile = (data.get("profiles") or {}).get("nospec") or {}
-    return _number(((profile.get("steady") or {}).get("per_cycle_ms") or {}).get("total"))
+def _object(data: Mapping[str, Any], path: tuple[str, ...], where: str) -> Mapping[str, Any]:
+    """``data[path[0]][path[1]]...``; empty where a level is absent or null."""
+    node: Any = data
+    for depth, key in enumerate(path):
+        node = node.get(key)
+        if node is None:
+            return {}
+        if not isinstance(node, Mapping):
+            raise ProbeFileError(
+                f"{where}: field {'.'.join(path[: depth + 1])!r} must be an object (bench_speed "
+                f"--profile's traces), found {node!r:.60}"
+            )
+    return node
+
+
+def _nospec_trace_step(data: Mapping[str, Any], where: str) -> float | None:
+    path = ("profiles", "nospec", "steady", "per_cycle_ms")
+    return _number(_object(data, path, where), "total", f"{where}: {'.'.join(path)}")
 
 
 def from_probe(
-    data: Mapping[str, Any], rows: Mapping[str, Mapping[str, Any]]
+    data: Mapping[str, Any], rows: Mapping[str, Mapping[str, Any]], where: str = "<probe>"
 ) -> tuple[RequestTime | None, dict[str, float]]:
     """The request model of a bench_speed probe (``rows``: its batch-1 main-drafter rows by
-    setting label) and each setting's cycle in decode steps without the first token's part;
-    (None, {}) where the probe has neither TTFTs nor a no-speculation trace."""
+    setting label; ``where``: its file) and each setting's cycle in decode steps without the
+    first token's part; (None, {}) where the probe has neither TTFTs nor a no-speculation
+    trace."""
     tokens = data.get("max_new_tokens")
-    if not isinstance(tokens, int) or tokens < 2 or not rows:
+    if tokens is not None and (
+        not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1
+    ):
+        raise ProbeFileError(
+            f"{where}: field 'max_new_tokens' must be a positive integer (output tokens per "
+            f"request), found {tokens!r:.60}"
+        )
+    if tokens is None or tokens < 2 or not rows:
         return None, {}
+    at = {label: f"{where}: the {label} row at batch 1" for label in rows}
     measured = {
-        label: (_number(r.get("spec_ttft_ms")), _number(r.get("decode_cycle_cost")))
+        label: (
+            _number(r, "spec_ttft_ms", at[label]),
+            _number(r, "decode_cycle_cost", at[label]),
+        )
         for label, r in rows.items()
     }
-    first = next(iter(rows.values()))
-    step, nospec_first = _number(first.get("nospec_tpot_ms")), _number(first.get("nospec_ttft_ms"))
+    first_label, first = next(iter(rows.items()))
+    step = _number(first, "nospec_tpot_ms", at[first_label])
+    nospec_first = _number(first, "nospec_ttft_ms", at[first_label])
     if step and nospec_first and all(f and c for f, c in measured.values()):
         model = RequestTime(
             tokens,
@@ -98,8 +139,8 @@ def from_probe(
             "measured: each server's time to first token and per output token",
         )
         return model, {label: c for label, (_, c) in measured.items()}
-    step = _nospec_trace_step(data)
-    nospec_tok_s = _number(first.get("nospec_tok_s"))
+    step = _nospec_trace_step(data, where)
+    nospec_tok_s = _number(first, "nospec_tok_s", at[first_label])
     if not step or not nospec_tok_s:
         return None, {}
     nospec_first = 1000.0 * tokens / nospec_tok_s - (tokens - 1) * step
@@ -115,7 +156,7 @@ def from_probe(
     )
     cycles = {}
     for label, row in rows.items():
-        spec_tok_s, tau = _number(row.get("spec_tok_s")), _number(row.get("tau"))
+        spec_tok_s, tau = _number(row, "spec_tok_s", at[label]), _number(row, "tau", at[label])
         if not spec_tok_s or not tau:
             return None, {}
         cycles[label] = model.cycle(label, tau, spec_tok_s)

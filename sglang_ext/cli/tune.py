@@ -38,6 +38,7 @@ Imports nothing of SGLang; reads only the files it is given.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -45,8 +46,8 @@ from pathlib import Path
 from typing import Any
 
 from sglang_ext.cli import exit_codes
-from sglang_ext.cli.moe_fanout import FanoutConfigError, MoeFanout
-from sglang_ext.cli.request_time import RequestTime, from_probe
+from sglang_ext.cli.moe_fanout import MoeFanout
+from sglang_ext.cli.request_time import ProbeFileError, RequestTime, from_probe
 from sglang_ext.metrics.acceptance import pooled_per_position, sglang_aggregate
 
 
@@ -69,11 +70,72 @@ class Setting:
         return self.topk == 1 and self.draft_tokens == self.steps + 1
 
 
-def _field(row: Mapping[str, Any], name: str, where: str) -> int:
+def _is_count(value: Any, least: int = 0) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def _field(row: Mapping[str, Any], name: str, where: str, least: int = 1) -> int:
     value = row.get(name)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise TuneInputError(f"{where}: field {name!r} must be a positive integer, found {value!r}")
+    if not _is_count(value, least):
+        kind = "a positive integer" if least == 1 else f"an integer >= {least}"
+        raise TuneInputError(f"{where}: field {name!r} must be {kind}, found {value!r:.60}")
     return value
+
+
+def _counts(
+    record: Mapping[str, Any], name: str, where: str, length: int | None = None
+) -> list[int]:
+    value = record.get(name)
+    if (
+        not isinstance(value, list)
+        or not value
+        or not all(_is_count(v) for v in value)
+        or length not in (None, len(value))
+    ):
+        size = f"{length} counts" if length else "counts"
+        raise TuneInputError(
+            f"{where}: field {name!r} must be a list of {size} (integers >= 0), one per draft "
+            f"position, found {value!r:.60}"
+        )
+    return value
+
+
+def check_record(record: Any, where: str) -> None:
+    """One acceptance record as the plugin writes it (sglang_ext.metrics.acceptance): counts
+    that agree with each other, so that a corrupt line is named rather than averaged in."""
+    if not isinstance(record, Mapping):
+        raise TuneInputError(
+            f"{where}: expected a JSON object (one acceptance record), found {record!r:.60}"
+        )
+    for name in ("verify_steps", "accepted_draft_tokens", "accepted_per_position"):
+        if name not in record:
+            raise TuneInputError(f"{where}: record has no {name!r}")
+    cycles = _field(record, "verify_steps", where)
+    accepted = _field(record, "accepted_draft_tokens", where, least=0)
+    per_position = _counts(record, "accepted_per_position", where)
+    if accepted > cycles * len(per_position):
+        raise TuneInputError(
+            f"{where}: field 'accepted_draft_tokens' is {accepted}, more than {cycles} "
+            f"verify_steps x {len(per_position)} draft positions = {cycles * len(per_position)} "
+            "could accept"
+        )
+    if sum(per_position) != accepted:
+        raise TuneInputError(
+            f"{where}: field 'accepted_per_position' sums to {sum(per_position)}, not to "
+            f"accepted_draft_tokens {accepted} (each accepted draft counts at its position)"
+        )
+    proposed = per_position
+    if record.get("proposed_per_position") is not None:
+        proposed = _counts(record, "proposed_per_position", where, len(per_position))
+    for position, (got, out_of) in enumerate(zip(per_position, proposed, strict=True)):
+        if got > min(out_of, cycles):  # a cycle accepts a position at most once
+            raise TuneInputError(
+                f"{where}: field 'accepted_per_position' counts {got} accepted at position "
+                f"{position}, more than the {min(out_of, cycles)} proposed there"
+            )
+    for name, least in (("topk", 1), ("draft_tokens_per_step", 0)):
+        if record.get(name) is not None:
+            _field(record, name, where, least)
 
 
 def read_records(paths: Sequence[Path]) -> list[dict[str, Any]]:
@@ -81,19 +143,25 @@ def read_records(paths: Sequence[Path]) -> list[dict[str, Any]]:
     records = []
     for path in paths:
         try:
-            lines = Path(path).read_text().splitlines()
+            # split as bytes: only \n and \r end a record (str.splitlines also splits at
+            # U+2028, which the plugin's records may carry raw in a string)
+            lines = Path(path).read_bytes().splitlines()
         except OSError as exc:
             raise TuneInputError(f"{path}: cannot read it ({exc.strerror or exc})") from exc
         for number, line in enumerate(lines, 1):
             if not line.strip():
                 continue
+            where = f"{path}:{number}"
             try:
-                record = json.loads(line)
+                record = json.loads(line.decode("utf-8"))
+            except UnicodeDecodeError as exc:
+                raise TuneInputError(
+                    f"{where}: not UTF-8 text (byte {exc.start}: {exc.reason}); expected the "
+                    "plugin's acceptance JSONL"
+                ) from exc
             except json.JSONDecodeError as exc:
-                raise TuneInputError(f"{path}:{number}: not a JSON record ({exc.msg})") from exc
-            for name in ("verify_steps", "accepted_draft_tokens", "accepted_per_position"):
-                if name not in record:
-                    raise TuneInputError(f"{path}:{number}: record has no {name!r}")
+                raise TuneInputError(f"{where}: not a JSON record ({exc.msg})") from exc
+            check_record(record, where)
             records.append(record)
     if not records:
         raise TuneInputError(f"{', '.join(map(str, paths))}: no acceptance records")
@@ -135,9 +203,13 @@ def chain_tau(per_position: Sequence[float | None], steps: int) -> float:
 
 def read_json(path: Path) -> Any:
     try:
-        return json.loads(Path(path).read_text())
+        return json.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
         raise TuneInputError(f"{path}: cannot read it ({exc.strerror or exc})") from exc
+    except UnicodeDecodeError as exc:
+        raise TuneInputError(
+            f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason}); expected a JSON file"
+        ) from exc
     except json.JSONDecodeError as exc:
         raise TuneInputError(f"{path}: not JSON ({exc.msg}, line {exc.lineno})") from exc
 
@@ -154,22 +226,51 @@ BENCH_MAIN_DRAFTER = "speculators (plugin)"
 CHECK_TOLERANCE = 0.10
 
 
-def bench_rows(data: Any, path: str, batch: int = 1) -> dict[Setting, Mapping[str, Any]]:
-    """A bench_speed result's rows of the main drafter at ``batch``, by setting."""
+def _found(data: Any, key: str) -> str:
+    """What a file holds instead of an object with ``key``, in a few words."""
+    if not isinstance(data, dict):
+        return f"{data!r:.60}"
+    return f"{key!r}: {data[key]!r:.60}" if key in data else f"an object without {key!r}"
+
+
+def _indexed_rows(data: Any, path: str, batch: int) -> dict[Setting, tuple[int, Mapping]]:
+    """bench_rows, each row with its index in the file."""
     rows = data.get("rows") if isinstance(data, dict) else None
     if not isinstance(rows, list):
-        raise TuneInputError(f"{path}: expected a bench_speed result with a list under 'rows'")
-    out = {}
+        raise TuneInputError(
+            f"{path}: expected a bench_speed result with a list under 'rows', found "
+            f"{_found(data, 'rows')}"
+        )
+    out: dict[Setting, tuple[int, Mapping]] = {}
     for index, row in enumerate(rows):
+        where = f"{path}: rows[{index}]"
+        if not isinstance(row, Mapping):
+            raise TuneInputError(
+                f"{where}: expected an object (one bench_speed measurement), found {row!r:.60}"
+            )
         if row.get("batch") != batch or row.get("drafter") != BENCH_MAIN_DRAFTER:
             continue
-        where = f"{path}: rows[{index}]"
-        out[Setting(*(_field(row, k, where) for k in ("steps", "topk", "draft_tokens")))] = row
+        setting = Setting(*(_field(row, k, where) for k in ("steps", "topk", "draft_tokens")))
+        if setting in out:
+            first = out[setting][1]
+            backends = {first.get("backend"), row.get("backend")}
+            also = f" (backends {' and '.join(map(repr, sorted(map(str, backends))))})"
+            raise TuneInputError(
+                f"{where}: a second row of {setting.label} at batch {batch}, after "
+                f"rows[{out[setting][0]}]{also if len(backends) > 1 else ''}; pass one run's "
+                "result, with one row per setting (not a merged matrix)"
+            )
+        out[setting] = (index, row)
     if not out:
         raise TuneInputError(
             f"{path}: no rows of {BENCH_MAIN_DRAFTER!r} at batch {batch} (a bench_speed result)"
         )
     return out
+
+
+def bench_rows(data: Any, path: str, batch: int = 1) -> dict[Setting, Mapping[str, Any]]:
+    """A bench_speed result's rows of the main drafter at ``batch``, by setting."""
+    return {setting: row for setting, (_, row) in _indexed_rows(data, path, batch).items()}
 
 
 DUMMY_LOAD = re.compile(r"--load-format[= ]dummy\b")
@@ -202,54 +303,92 @@ def read_costs_from(data: Any, path: str = "<costs>") -> dict[Setting, float]:
     return read_cost_file(data, path).by_setting
 
 
+# what a cost file's "target_weights" may say: whether the probe's target ran on dummy weights
+TARGET_WEIGHTS = {"dummy": True, "trained": False}
+
+
+def _cycle_cost(cost: Any, where: str, field: str, status: Any = "ok") -> float:
+    if (
+        not isinstance(cost, (int, float))
+        or isinstance(cost, bool)
+        or not math.isfinite(cost)
+        or cost < 1.0
+    ):
+        why = f" (the row's status: {status!r:.60})" if status not in (None, "ok") else ""
+        raise TuneInputError(
+            f"{where}: {field} must be a number >= 1 (decode steps per verify cycle; a cycle "
+            f"cannot cost less than the step it verifies), found {cost!r:.60}{why}"
+        )
+    return float(cost)
+
+
+def _bench_costs(data: Mapping[str, Any], path: str, split_first_token: bool) -> Costs:
+    """A bench_speed result's costs: each batch-1 row's cycle, its first token's part taken
+    out where the probe allows it."""
+    extra = data.get("server_extra_args") or ""
+    if not isinstance(extra, (str, list)):
+        raise TuneInputError(
+            f"{path}: field 'server_extra_args' must be a string or a list of arguments, found "
+            f"{extra!r:.60}"
+        )
+    extra = " ".join(map(str, extra)) if isinstance(extra, list) else extra
+    rows = _indexed_rows(data, path, 1)
+    request, cycles = None, {}
+    if split_first_token:
+        try:
+            request, cycles = from_probe(data, {s.label: r for s, (_, r) in rows.items()}, path)
+        except ProbeFileError as exc:
+            raise TuneInputError(str(exc)) from exc
+    costs = {}
+    for setting, (index, row) in rows.items():
+        where, label = f"{path}: rows[{index}]", setting.label
+        if label not in cycles:
+            cost, field = row.get("cycle_cost_decode_steps"), "'cycle_cost_decode_steps'"
+        elif label in request.first_ms:  # the measured split: the row's own decode cycle
+            cost, field = cycles[label], "'decode_cycle_cost'"
+        else:
+            cost, field = cycles[label], "the cycle of 'tau' and 'spec_tok_s' less a first token"
+        costs[setting] = _cycle_cost(cost, where, field, row.get("status"))
+    return Costs(costs, bool(DUMMY_LOAD.search(extra)), request)
+
+
 def read_cost_file(data: Any, path: str = "<costs>", split_first_token: bool = True) -> Costs:
     """The costs in a file; from a bench_speed probe, with each request's first token taken
     out of its cycles where the probe allows it (``split_first_token``; see request_time),
     else each row's whole cycle, ``tau x nospec tok/s / spec tok/s``."""
-    dummy, request = None, None
     if is_bench_result(data):
-        extra = data.get("server_extra_args") or ""
-        extra = " ".join(map(str, extra)) if isinstance(extra, list) else str(extra)
-        dummy = bool(DUMMY_LOAD.search(extra))
-        rows = bench_rows(data, path)
-        request, cycles = (
-            from_probe(data, {s.label: row for s, row in rows.items()})
-            if split_first_token
-            else (None, {})
-        )
-        data = {  # a bench_speed result: each row's cycle, its first token's part taken out
-            "settings": [
-                {
-                    "steps": s.steps,
-                    "topk": s.topk,
-                    "draft_tokens": s.draft_tokens,
-                    "cycle_cost": cycles.get(s.label, row.get("cycle_cost_decode_steps")),
-                }
-                for s, row in rows.items()
-            ]
-        }
+        return _bench_costs(data, path, split_first_token)
     rows = data.get("settings") if isinstance(data, dict) else None
     if not isinstance(rows, list) or not rows:
-        raise TuneInputError(f"{path}: expected a non-empty list under 'settings'")
-    if dummy is None and isinstance(data.get("target_weights"), str):
-        dummy = data["target_weights"] == "dummy"
-    costs = {}
+        found = _found(data, "settings")
+        raise TuneInputError(
+            f"{path}: expected a non-empty list under 'settings' (a cost file) or a list under "
+            f"'rows' (a bench_speed result), found {found}"
+        )
+    weights = data.get("target_weights")
+    if weights is not None and (not isinstance(weights, str) or weights not in TARGET_WEIGHTS):
+        raise TuneInputError(
+            f"{path}: field 'target_weights' must be {' or '.join(map(repr, TARGET_WEIGHTS))} "
+            f"(what the probe's target ran on) or left out, found {weights!r:.60}"
+        )
+    costs: dict[Setting, float] = {}
+    first: dict[Setting, int] = {}
     for index, row in enumerate(rows):
         where = f"{path}: settings[{index}]"
         if not isinstance(row, Mapping):
             raise TuneInputError(
                 f"{where}: expected an object with steps, topk, draft_tokens "
-                f"and cycle_cost, found {row!r}"
+                f"and cycle_cost, found {row!r:.60}"
             )
         setting = Setting(*(_field(row, k, where) for k in ("steps", "topk", "draft_tokens")))
-        cost = row.get("cycle_cost")
-        if not isinstance(cost, (int, float)) or isinstance(cost, bool) or cost < 1.0:
+        if setting in first:
             raise TuneInputError(
-                f"{where}: 'cycle_cost' must be a number >= 1 (decode steps per verify "
-                f"cycle; a cycle cannot cost less than the step it verifies), found {cost!r}"
+                f"{where}: the setting {setting.label} again (steps/topk/draft tokens of "
+                f"settings[{first[setting]}]); give each setting one cycle_cost"
             )
-        costs[setting] = float(cost)
-    return Costs(costs, dummy, request)
+        first[setting] = index
+        costs[setting] = _cycle_cost(row.get("cycle_cost"), where, "'cycle_cost'")
+    return Costs(costs, TARGET_WEIGHTS.get(weights))
 
 
 def advise(
@@ -307,19 +446,39 @@ def advise(
     return out
 
 
-def check_against(advice: Mapping[str, Any], measured_rows: Mapping[Setting, Mapping]) -> dict:
-    """The advice against a measured matrix (bench_speed rows at batch 1): for the settings
-    with both a predicted and a measured speedup, whether the predicted order is the measured
-    one and how far each prediction is (relative error)."""
+def check_against(
+    advice: Mapping[str, Any],
+    measured_rows: Mapping[Setting, Mapping],
+    path: str = "the measured matrix",
+) -> dict:
+    """The advice against a measured matrix (bench_speed rows at batch 1, from ``path``): for
+    the settings with both a predicted and a measured speedup, whether the predicted order is
+    the measured one and how far each prediction is (relative error)."""
     pairs = []
     for row in advice["rows"]:
         setting = Setting(*map(int, row["setting"].split("/")))
         got = measured_rows.get(setting)
         if row["speedup"] is None or got is None or got.get("speedup") is None:
             continue
-        pairs.append((row["setting"], row["speedup"], float(got["speedup"])))
+        speedup = got["speedup"]
+        if (
+            not isinstance(speedup, (int, float))
+            or isinstance(speedup, bool)
+            or not math.isfinite(speedup)
+            or speedup <= 0
+        ):
+            raise TuneInputError(
+                f"{path}: the {setting.label} row at batch 1: field 'speedup' must be a "
+                f"positive number (the measured speedup over no speculation), found {speedup!r:.60}"
+            )
+        pairs.append((row["setting"], row["speedup"], float(speedup)))
     if not pairs:
-        raise TuneInputError("no setting has both a predicted and a measured speedup")
+        advised = ", ".join(r["setting"] for r in advice["rows"] if r["speedup"] is not None)
+        timed = ", ".join(s.label for s, r in measured_rows.items() if r.get("speedup") is not None)
+        raise TuneInputError(
+            f"{path}: no setting has both a predicted and a measured speedup (predicted: "
+            f"{advised or 'none'}; measured at batch 1: {timed or 'none'})"
+        )
     predicted = [name for name, _, _ in sorted(pairs, key=lambda p: -p[1])]
     measured_ = [name for name, _, _ in sorted(pairs, key=lambda p: -p[2])]
     errors = {name: round(pred / meas - 1.0, 4) for name, pred, meas in pairs}
@@ -427,8 +586,9 @@ def main(args) -> int:
             advice["costs_note"] = note
         against = getattr(args, "against", None)
         if against is not None:
-            advice["check"] = check_against(advice, bench_rows(read_json(against), str(against)))
-    except (TuneInputError, FanoutConfigError) as exc:
+            measured_rows = bench_rows(read_json(against), str(against))
+            advice["check"] = check_against(advice, measured_rows, str(against))
+    except (exit_codes.InputError, exit_codes.UsageError) as exc:
         return exit_codes.fail("tune", exc)
     exit_codes.emit(json.dumps(advice, indent=2) if args.json else render(advice))
     return exit_codes.OK
