@@ -18,7 +18,7 @@ from sglang_ext.drafter.config_fields import (
     DrafterConfigError,
     architectures_field,
     read_json,
-    require_field,
+    size_field,
 )
 from sglang_ext.drafter.model_paths import config_path
 
@@ -71,13 +71,10 @@ class TargetInfo:
             or architectures_field(text, f"{where}: text_config")
             or ["<unknown>"]
         )
-        sizes = {}
-        for key in ("num_hidden_layers", "hidden_size", "vocab_size"):
-            sizes[key] = require_field(text, key, int, where)
-            if sizes[key] <= 0:
-                raise DrafterConfigError(
-                    f"{where}: the target's field '{key}' must be > 0, found {sizes[key]}"
-                )
+        sizes = {
+            key: size_field(text, key, where)
+            for key in ("num_hidden_layers", "hidden_size", "vocab_size")
+        }
         return cls(
             path=str(path),
             architecture=str(archs[0]),

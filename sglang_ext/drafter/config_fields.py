@@ -66,6 +66,17 @@ def optional_field(config: Mapping[str, Any], key: str, kind: type | tuple, wher
     return None if config.get(key) is None else require_field(config, key, kind, where)
 
 
+def size_field(
+    config: Mapping[str, Any], key: str, where: str, required: bool = True
+) -> int | None:
+    """A size or count: an int above 0 (`required`: present, else None when absent or null);
+    0 or a negative one is refused by name rather than replaced by a default."""
+    value = (require_field if required else optional_field)(config, key, int, where)
+    if value is not None and value <= 0:
+        raise DrafterConfigError(f"{where}: field '{key}' must be > 0, found {value}")
+    return value
+
+
 def architectures_field(config: Mapping[str, Any], where: str) -> list[str] | None:
     archs = config.get("architectures")
     if archs is None:

@@ -33,6 +33,7 @@ from sglang_ext.drafter.config_fields import (
     optional_field,
     read_json,
     require_field,
+    size_field,
 )
 from sglang_ext.drafter.drafter_spec import DrafterSpec, MLAGeometry
 from sglang_ext.drafter.model_paths import config_path, is_hub_id, model_dir
@@ -87,23 +88,13 @@ def load_drafter_spec(path: str | Path) -> DrafterSpec:
     return _sglang_spec(config, cfg_file)
 
 
-def _positive(value: int | None, key: str, where: str) -> int | None:
-    """A size field's value, refused by name where it is 0 or negative (None: absent)."""
-    if value is not None and value <= 0:
-        raise DrafterConfigError(f"{where}: field '{key}' must be > 0, found {value}")
-    return value
-
-
 def _layer_geometry(layer: Mapping[str, Any], where: str) -> dict[str, int]:
-    def size(key: str) -> int:
-        return _positive(require_field(layer, key, int, where), key, where)
-
-    def optional_size(key: str) -> int | None:
-        return _positive(optional_field(layer, key, int, where), key, where)
+    def size(key: str, required: bool = True) -> int | None:
+        return size_field(layer, key, where, required)
 
     hidden, heads = size("hidden_size"), size("num_attention_heads")
-    head_dim = optional_size("head_dim") or hidden // heads
-    kv_heads = optional_size("num_key_value_heads") or heads
+    head_dim = size("head_dim", required=False) or hidden // heads
+    kv_heads = size("num_key_value_heads", required=False) or heads
     if heads % kv_heads:
         raise DrafterConfigError(
             f"{where}: field 'num_key_value_heads' must divide num_attention_heads {heads}, "
@@ -192,9 +183,7 @@ def _speculators_spec(config: Mapping[str, Any], cfg_file: Path) -> DrafterSpec:
         )
     geometry = _layer_geometry(layer, layer_where)
     _refuse_biases(layer, layer_where)
-    draft_vocab = _positive(
-        require_field(config, "draft_vocab_size", int, where), "draft_vocab_size", where
-    )
+    draft_vocab = size_field(config, "draft_vocab_size", where)
     if draft_vocab > geometry["vocab_size"]:
         raise DrafterConfigError(
             f"{where}: draft_vocab_size {draft_vocab} exceeds the vocab_size "
@@ -292,9 +281,9 @@ def _sglang_spec(config: Mapping[str, Any], cfg_file: Path) -> DrafterSpec:
         where,
         "eagle_config.eagle_aux_hidden_state_layer_ids",
     )
-    num_aux = _positive(
-        optional_field(config, "num_aux_hidden_states", int, where), "num_aux_hidden_states", where
-    ) or (len(aux) if aux else 3)
+    num_aux = size_field(config, "num_aux_hidden_states", where, required=False) or (
+        len(aux) if aux else 3
+    )
     eagle_where = f"{where}: eagle_config"
     norm_before_fc = (
         flag_field(eagle, "norm_before_fc", eagle_where)
@@ -321,12 +310,8 @@ def _sglang_spec(config: Mapping[str, Any], cfg_file: Path) -> DrafterSpec:
         architecture=archs[0],
         layer_type="mla" if mla else "llama",
         **geometry,
-        draft_vocab_size=_positive(
-            optional_field(config, "draft_vocab_size", int, where), "draft_vocab_size", where
-        ),
-        target_hidden_size=_positive(
-            optional_field(config, "target_hidden_size", int, where), "target_hidden_size", where
-        ),
+        draft_vocab_size=size_field(config, "draft_vocab_size", where, required=False),
+        target_hidden_size=size_field(config, "target_hidden_size", where, required=False),
         aux_hidden_state_layer_ids=aux,
         aux_id_convention="sglang",
         num_aux_hidden_states=int(num_aux),
