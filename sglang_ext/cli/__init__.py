@@ -36,13 +36,13 @@ class Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-
 def positive_int(text: str) -> int:
     """An argparse type: a count of at least 1 (0 or a negative one cannot be meant)."""
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, found {text!r}")
     return value
+
 
 def build_parser(json_errors: bool = False) -> argparse.ArgumentParser:
     parser = Parser(prog="sglang-ext", description=__doc__)

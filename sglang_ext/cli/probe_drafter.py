@@ -31,6 +31,7 @@ that cannot be read is named as the source's problem; only a failed write blames
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import stat
@@ -103,14 +104,11 @@ def check_negatable(path: Path, tensor: TensorInfo) -> None:
             f"{path}: tensor {tensor.name!r} is {tensor.dtype}; expected a final norm weight in "
             f"{'/'.join(sorted(FLOAT_DTYPES))} to negate"
         )
-    total = 1
-    for dim in tensor.shape:
-        total *= dim
     bad = nonfinite_count(path.parent, tensor)
     if bad:
         raise ProbeDrafterError(
-            f"{path}: tensor {tensor.name!r} has {bad} of {total} values NaN or Inf; expected "
-            "finite values (its negation would propose no least likely token)"
+            f"{path}: tensor {tensor.name!r} has {bad} of {math.prod(tensor.shape)} values NaN or "
+            "Inf; expected finite values (its negation would propose no least likely token)"
         )
 
 

@@ -74,6 +74,11 @@ def _is_count(value: Any, least: int = 0) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= least
 
 
+def _is_finite(value: Any) -> bool:
+    """A JSON number that is one: not a bool, not NaN, not Infinity."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _field(row: Mapping[str, Any], name: str, where: str, least: int = 1) -> int:
     value = row.get(name)
     if not _is_count(value, least):
@@ -308,12 +313,7 @@ TARGET_WEIGHTS = {"dummy": True, "trained": False}
 
 
 def _cycle_cost(cost: Any, where: str, field: str, status: Any = "ok") -> float:
-    if (
-        not isinstance(cost, (int, float))
-        or isinstance(cost, bool)
-        or not math.isfinite(cost)
-        or cost < 1.0
-    ):
+    if not _is_finite(cost) or cost < 1.0:
         why = f" (the row's status: {status!r:.60})" if status not in (None, "ok") else ""
         raise TuneInputError(
             f"{where}: {field} must be a number >= 1 (decode steps per verify cycle; a cycle "
@@ -461,12 +461,7 @@ def check_against(
         if row["speedup"] is None or got is None or got.get("speedup") is None:
             continue
         speedup = got["speedup"]
-        if (
-            not isinstance(speedup, (int, float))
-            or isinstance(speedup, bool)
-            or not math.isfinite(speedup)
-            or speedup <= 0
-        ):
+        if not _is_finite(speedup) or speedup <= 0:
             raise TuneInputError(
                 f"{path}: the {setting.label} row at batch 1: field 'speedup' must be a "
                 f"positive number (the measured speedup over no speculation), found {speedup!r:.60}"
@@ -588,7 +583,7 @@ def main(args) -> int:
         if against is not None:
             measured_rows = bench_rows(read_json(against), str(against))
             advice["check"] = check_against(advice, measured_rows, str(against))
-    except (exit_codes.InputError, exit_codes.UsageError) as exc:
+    except exit_codes.InputError as exc:
         return exit_codes.fail("tune", exc)
     exit_codes.emit(json.dumps(advice, indent=2) if args.json else render(advice))
     return exit_codes.OK
