@@ -40,6 +40,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from sglang_ext_tools.bench_shape import is_number
 from sglang_ext_tools.server_mode_verdict import cli, verdict_head
 from sglang_ext_tools.shared_stream_verdict import against, ready
 
@@ -145,7 +146,7 @@ def profiled(
                     f"{where}: profiles[{server}] has no {'.'.join(keys)} (whole cycles need "
                     "two target graphs in the trace: trace_breakdown.steady_breakdown)"
                 )
-            if not isinstance(value, (int, float)) or isinstance(value, bool):
+            if not is_number(value):
                 raise ValueError(
                     f"{where}: profiles[{server}].{'.'.join(keys)}: expected ms, a number; "
                     f"found {type(value).__name__} {value!r}"

@@ -16,7 +16,8 @@ ROW_FIGURES = (
 )  # fmt: skip
 
 
-def _number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
+    """A JSON number (not a bool)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
@@ -53,9 +54,9 @@ def bench_shape(bench: Any, where: str) -> None:
             if value is None:
                 continue
             if key.endswith("_ci95"):
-                if not (isinstance(value, list) and len(value) == 2 and all(map(_number, value))):
+                if not (isinstance(value, list) and len(value) == 2 and all(map(is_number, value))):
                     raise bad(f"rows[{i}].{key}", "[low, high], two numbers", value)
-            elif key in ROW_FIGURES and not _number(value):
+            elif key in ROW_FIGURES and not is_number(value):
                 raise bad(f"rows[{i}].{key}", "a number or null", value)
     for i, server in enumerate(bench.get("servers") or []):
         if not isinstance(server, Mapping) or not isinstance(server.get("name"), str):

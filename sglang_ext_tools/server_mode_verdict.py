@@ -223,8 +223,8 @@ def cli(
     needs cycles, ``--traces`` where it reads the servers' slim traces: ``folder`` names that
     folder's flag and help), ``--role`` (over ``roles``), ``--out`` never written over; exit
     2 naming a file it cannot read, one not shaped as its tool writes it (``bench_shape``),
-    or a cycle fit made on another bench. ``read(bench, [fit,]
-    [folder,] roles, where)`` makes the verdict."""
+    or a cycle fit made on another bench. ``read(bench, [fit,] [folder,] roles, where)`` makes
+    the verdict."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--bench", required=True, help="bench_speed's JSON (with --profile)")
     if cycle_fit:
@@ -238,15 +238,16 @@ def cli(
         p.error(f"--out {args.out}: exists; not overwriting it")
     try:
         named = parse_roles(args.role, roles)
+        bench_name = Path(args.bench).name
         bench = json.loads(Path(args.bench).read_text())
-        bench_shape(bench, Path(args.bench).name)
+        bench_shape(bench, bench_name)
         fit = (json.loads(Path(args.cycle_fit).read_text()),) if cycle_fit else ()
         if fit and not isinstance(fit[0], Mapping):
             raise ValueError(
                 f"{args.cycle_fit}: expected a JSON object (cycle_fit's --out), found "
                 f"{found(fit[0])}"
             )
-        of, bench_name = (fit[0].get("bench") if fit else None), Path(args.bench).name
+        of = fit[0].get("bench") if fit else None
         if of is not None and of != bench_name:
             raise ValueError(
                 f"--cycle-fit {args.cycle_fit}: a fit of {of}, not of --bench {bench_name}"
