@@ -275,11 +275,14 @@ def self_check() -> dict:
     Importing SGLang's model registry imports every in-tree model module (~100, most of a
     20 s check on a CPU machine). A check in a fresh process defers them the way SGLang does
     for SGLANG_EXTERNAL_MODEL_PACKAGE, so the registry holds the plugin's classes only; the
-    in-tree classes they replace by name are not imported (`in_tree_models_imported`)."""
+    in-tree classes they replace by name are not imported (`in_tree_models_imported`). A
+    registry that cannot defer (0.5.17's imports every in-tree model as it is imported) is
+    reported as having imported them."""
     import sys
     from importlib.metadata import entry_points
 
     fresh = "sglang.srt.models.registry" not in sys.modules
+    deferred = False
     if fresh:
         saved = os.environ.get("SGLANG_EXTERNAL_MODEL_PACKAGE")
         os.environ["SGLANG_EXTERNAL_MODEL_PACKAGE"] = MODELS_PACKAGE
@@ -290,6 +293,7 @@ def self_check() -> dict:
                 del os.environ["SGLANG_EXTERNAL_MODEL_PACKAGE"]
             else:
                 os.environ["SGLANG_EXTERNAL_MODEL_PACKAGE"] = saved
+        deferred = getattr(ModelRegistry, "_default_models_loaded", True) is False
         # register() would load the deferred in-tree models first: what this check skips.
         ModelRegistry._default_models_loaded = True
     from sglang.srt.models.registry import ModelRegistry
@@ -320,6 +324,6 @@ def self_check() -> dict:
         "other_packages_plugins": sorted(name for name in eps if name != PLUGIN_NAME),
         "architectures": resolved,
         "hooks": [config_hook_target(), CAPTURE_TARGET, CONTEXT_TARGET],
-        "in_tree_models_imported": not fresh,
+        "in_tree_models_imported": not deferred,
         "sglang_version": compat.sglang_version(),
     }

@@ -301,5 +301,8 @@ def test_self_check_in_a_fresh_process_skips_the_in_tree_models_and_labels_other
     assert report["code"] == 0 and report["plugin_loaded"] is True
     assert report["entry_points"] == {"sglang_ext": "sglang_ext.plugin:register"}
     assert "sglang_ext" not in report["other_packages_plugins"]
-    assert report["in_tree_models_imported"] is False and report["mixtral_imported"] is False
+    # what it reports is what the process holds; 0.5.23's registry defers them, 0.5.17's cannot
+    assert report["in_tree_models_imported"] is report["mixtral_imported"]
+    if compat.version_tuple(report["sglang_version"]) >= (0, 5, 23):
+        assert report["mixtral_imported"] is False
     assert all(v.startswith("sglang_ext.") for v in report["architectures"].values())
