@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from sglang_ext.cli.bench_report import Acceptance, RequestResult
+from sglang_ext.compat import sglang_version
 from sglang_ext_tools import bench_speed as bs
 from sglang_ext_tools.launch import STOCK_ENV, Server
 
@@ -677,7 +678,12 @@ def test_launch_flags_parse_in_the_installed_sglang_and_idle_servers_sleep():
     from sglang.srt.server_args import prepare_server_args
 
     cmd = Server("s", "m", 1, "d", max_total_tokens=4096).command()
-    args = prepare_server_args(cmd[cmd.index("--model-path") :])
+    try:
+        args = prepare_server_args(cmd[cmd.index("--model-path") :])
+    except RuntimeError as exc:  # 0.5.17's ServerArgs detects the device as it parses
+        if "No accelerator" not in str(exc):
+            raise
+        pytest.skip(f"SGLang {sglang_version()} parses server flags only beside a GPU: {exc}")
     assert args.sleep_on_idle is True
     assert args.skip_tokenizer_init and args.disable_radix_cache
     assert args.speculative_algorithm == "EAGLE3" and args.max_total_tokens == 4096

@@ -47,6 +47,7 @@ TARGETS = {
             head_dim=16,
             num_local_experts=4,
             num_experts_per_tok=2,
+            swiglu_limit=7.0,  # as published configs; transformers 5.12 has no default
             max_position_embeddings=4096,
         ),
     ),
@@ -91,12 +92,21 @@ def targets(sglang_env):
     from sglang.srt import runtime_context
 
     context = runtime_context.get_context()
+    # 0.5.23 has the leaf; 0.5.17's exec.comm has none (its AttributeError names the namespace)
     previous = None
-    if hasattr(runtime_context, "get_exec") and hasattr(context, "override"):  # 0.5.23
-        previous = runtime_context.get_exec().comm.boundary_reduction
+    if hasattr(runtime_context, "get_exec"):
+        previous = getattr(runtime_context.get_exec().comm, "boundary_reduction", None)
+    if previous is not None:
         context.override("sglang_ext tests", boundary_reduction="ar")
         parallel = runtime_context.get_parallel()
         parallel.override_permanently(moe_ep_rank=0, moe_tp_rank=0)
+    from sglang.srt.layers import dp_attention
+
+    dp_state = {k: getattr(dp_attention, k, None) for k in ("_ATTN_DP_RANK", "_ATTN_DP_SIZE")}
+    if "_ATTN_DP_RANK" in vars(dp_attention) and dp_state["_ATTN_DP_RANK"] is None:  # 0.5.17
+        # its DeepSeek layers ask the module for the attention-DP rank, set by
+        # initialize_dp_attention at startup; one rank without DP attention is 0 of 1
+        dp_attention._ATTN_DP_RANK, dp_attention._ATTN_DP_SIZE = 0, 1
 
     def build(architecture: str, layers: int):
         import transformers
@@ -114,6 +124,9 @@ def targets(sglang_env):
     yield build
     if previous is not None:
         context.override("sglang_ext tests", boundary_reduction=previous)
+    for name, value in dp_state.items():
+        if name in vars(dp_attention):
+            setattr(dp_attention, name, value)
 
 
 def configure_capture(model, ids):

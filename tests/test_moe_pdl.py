@@ -14,9 +14,16 @@ from tests.plugin_process import run_with_plugin
 sglang = pytest.importorskip("sglang")
 
 
+def skip_without_pdl(module) -> None:
+    """0.5.17's fused MoE has no PDL check to rebind (it launches without PDL)."""
+    if not hasattr(module, moe_pdl.ATTRIBUTE):
+        pytest.skip(f"{moe_pdl.MODULE} has no {moe_pdl.ATTRIBUTE} in SGLang {sglang.__version__}")
+
+
 @pytest.fixture
 def moe_module():
     module = importlib.import_module(moe_pdl.MODULE)
+    skip_without_pdl(module)
     original = getattr(module, moe_pdl.ATTRIBUTE)
     yield module
     setattr(module, moe_pdl.ATTRIBUTE, original)
@@ -66,10 +73,24 @@ def test_a_value_other_than_0_or_1_is_refused_by_name(monkeypatch):
         moe_pdl.install()
 
 
+def test_a_sglang_without_the_check_fails_the_load_naming_it(monkeypatch):
+    """Where the MoE module has no PDL check (0.5.17, or an upstream move), the model's load
+    stops with the module, the name and the variable; nothing is rebound."""
+    module = importlib.import_module(moe_pdl.MODULE)
+    monkeypatch.delattr(module, moe_pdl.ATTRIBUTE, raising=False)
+    with pytest.raises(AttributeError) as caught:
+        moe_pdl.before_load_model(object())
+    assert str(caught.value) == (
+        f"{moe_pdl.MODULE}.{moe_pdl.ATTRIBUTE}: not found; {moe_pdl.ENV_VAR}=0 cannot apply"
+    )
+    assert not hasattr(module, moe_pdl.ATTRIBUTE)
+
+
 def test_the_plugin_applies_it_in_a_fresh_process():
     """What a server process does: the plugin's registration with the switch in its env,
     SGLang's hooks applied, then the model's load, stood in for by a ModelRunner whose own
     load_model is a no-op."""
+    skip_without_pdl(importlib.import_module(moe_pdl.MODULE))
     words = run_with_plugin(
         {"SGLANG_EXT_MOE_PDL": "0"},
         "import importlib\nmr.ModelRunner.load_model = lambda self: None\n"

@@ -70,6 +70,14 @@ class _RecordingTranslator:
         return True
 
 
+# SGLang's window rail as 0.5.23 builds it (a translator, on CPU); 0.5.17-0.5.22 fill it with a
+# Triton kernel and serve no windowed drafter (compat's draft_layer_window), so nothing to hold
+needs_window_rail = pytest.mark.skipif(
+    not compat.supports("draft_layer_window"),
+    reason=f"SGLang {compat.sglang_version()} has no draft-layer window (compat.FEATURE_SINCE)",
+)
+
+
 def sglang_window_rows(window: int, lengths: list[int]) -> list[range]:
     """The key positions SGLang's triton backend keeps per row with a model window `window`
     (its own update_sliding_window_buffer, run on CPU)."""
@@ -85,6 +93,7 @@ def sglang_window_rows(window: int, lengths: list[int]) -> list[range]:
     return [range(int(s), int(s) + int(n)) for s, n in rows]
 
 
+@needs_window_rail
 @pytest.mark.parametrize("window", [1, 4, 16, 2048])
 def test_decode_keeps_speculators_keys(window):
     """Decode (and the multi-step draft's rail, min(seq_len + step, w) keys in
@@ -95,6 +104,7 @@ def test_decode_keeps_speculators_keys(window):
         assert set(kept) == speculators_keys(window, length, length - 1), (window, length)
 
 
+@needs_window_rail
 @pytest.mark.parametrize("window", [1, 4, 16])
 @pytest.mark.parametrize("prefix", [0, 3, 20])
 def test_extend_keeps_speculators_keys(window, prefix):
