@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import sglang_ext
+from sglang_ext.cli.arg_types import positive_int
 from sglang_ext.cli.bench import BenchError, RequestSpec, load_prompts, run_benchmark
 from sglang_ext.cli.bench_report import RequestResult
 from sglang_ext_tools import cpu_pinning, group_fit
@@ -126,16 +127,6 @@ def _setting_or_none(text: str) -> Setting | None:
     """``--settings``' type: a setting, or ``none`` (no plain plugin server: the baseline and
     the variants alone, each ``LABEL@nospec`` or ``LABEL@STEPS,TOPK,DRAFT``)."""
     return None if text == NO_SETTINGS else parse_setting(text)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive integer")
-    return value
 
 
 def label(setting: Sequence[int] | None) -> str:
@@ -1545,10 +1536,10 @@ def build_parser() -> argparse.ArgumentParser:
         "baseline and the variants, each naming its setting or @nospec)",
     )
     p.add_argument("--compare-setting", type=parse_setting, default=(5, 1, 6))
-    p.add_argument("--batches", nargs="+", type=_positive_int, default=[1, 4, 16])
-    p.add_argument("--max-new-tokens", type=_positive_int, default=256)
-    p.add_argument("--rounds", type=_positive_int, default=3)
-    p.add_argument("--requests-per-batch", type=_positive_int, default=2, metavar="WAVES")
+    p.add_argument("--batches", nargs="+", type=positive_int, default=[1, 4, 16])
+    p.add_argument("--max-new-tokens", type=positive_int, default=256)
+    p.add_argument("--rounds", type=positive_int, default=3)
+    p.add_argument("--requests-per-batch", type=positive_int, default=2, metavar="WAVES")
     p.add_argument(
         "--noise",
         action="store_true",
@@ -1570,7 +1561,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--batch1-requests",
-        type=_positive_int,
+        type=positive_int,
         default=64,
         help="prompts per server per round at batch 1, the same ones every round "
         "(the per-prompt bootstrap interval of the speedup needs them)",
@@ -1578,7 +1569,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mem-fraction", type=float, default=0.13)
     p.add_argument(
         "--at-once",
-        type=_positive_int,
+        type=positive_int,
         metavar="N",
         help="servers up at a time, the baseline included (default: all). Where not every "
         "server fits the GPU (eight 8B-shaped servers at ~17 GB of weights each on one "
@@ -1613,7 +1604,7 @@ def build_parser() -> argparse.ArgumentParser:
         "overlap scheduler off (--disable-overlap-schedule); its rows say overlap false",
     )
     p.add_argument(
-        "--max-total-tokens", type=_positive_int, help="fixed KV pool size per server (tokens)"
+        "--max-total-tokens", type=positive_int, help="fixed KV pool size per server (tokens)"
     )
     p.add_argument("--server-args", default="", help="extra flags for every server (one string)")
     p.add_argument(
@@ -1626,7 +1617,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--prefill-graph-max-tokens",
-        type=_positive_int,
+        type=positive_int,
         default=512,
         help="with --prefill-graph: the longest prefill captured (longer ones run eager)",
     )
@@ -1637,7 +1628,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--startup-timeout", type=float, default=600.0)
     p.add_argument("--attention-backend", default="triton")
-    p.add_argument("--port-base", type=_positive_int, default=31000)
+    p.add_argument("--port-base", type=positive_int, default=31000)
     p.add_argument("--log-dir", default="/tmp/sglang-ext-bench")
     p.add_argument("--out-json", help="result JSON (default: LOG_DIR/bench_speed.json)")
     p.add_argument("--out-png")
@@ -1655,7 +1646,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the same cores for each part of every server (cpu_pinning): 'auto', or "
         "'client=0-1;scheduler=2-3;detokenizer=4;server=5-6'",
     )
-    p.add_argument("--profile-steps", type=_positive_int, default=40)
+    p.add_argument("--profile-steps", type=positive_int, default=40)
     p.add_argument("--profile-dir", help="trace folder (default: LOG_DIR/profiles)")
     return p
 

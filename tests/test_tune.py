@@ -720,7 +720,7 @@ def test_a_measured_matrix_without_the_advised_settings_is_named(inputs, capsys,
     "flag, value", [("--output-tokens", 0), ("--output-tokens", -5), ("--tp", 0), ("--tp", -2)]
 )
 def test_counts_on_the_command_line_must_be_positive(inputs, capsys, flag, value):
-    """Refused by the parser (cli.positive_int), before any file is read."""
+    """Refused by the parser (cli.arg_types.positive_int), before any file is read."""
     records, costs = inputs
     assert main(["tune", str(records), "--costs", str(costs), flag, str(value)]) == exit_codes.USAGE
     err = capsys.readouterr().err

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from sglang_ext.cli import exit_codes
+from sglang_ext.cli.arg_types import positive_int
 
 
 class Parser(argparse.ArgumentParser):
@@ -34,14 +35,6 @@ class Parser(argparse.ArgumentParser):
         report = failed(None, None, f"usage: {message} ({self.format_usage().strip()})")
         print(json.dumps(report.to_json(), indent=2))
         raise SystemExit(2)
-
-
-def positive_int(text: str) -> int:
-    """An argparse type: a count of at least 1 (0 or a negative one cannot be meant)."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, found {text!r}")
-    return value
 
 
 def build_parser(json_errors: bool = False) -> argparse.ArgumentParser:

@@ -45,6 +45,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from sglang_ext.cli import exit_codes
+from sglang_ext.cli.arg_types import int_at_least
 from sglang_ext.cli.bench_report import (
     RequestResult,
     _result_json,
@@ -532,15 +533,6 @@ def probe_server(url: str, timeout: float) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------- CLI
 
 
-def _int_at_least(low: int):
-    def parse(s: str) -> int:
-        if int(s) < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {int(s)}")
-        return int(s)
-
-    return parse
-
-
 def _finite_at_least(low: float, strict: bool = False):
     """An argparse type: a finite number >= ``low`` (> ``low`` where ``strict``)."""
 
@@ -587,14 +579,14 @@ def build_parser() -> argparse.ArgumentParser:
     add("--model", default=None, help="model name for --api openai (optional)")
     add("--prompts", metavar="FILE.jsonl", help='JSONL, one {"prompt": ...} or '
         '{"input_ids": [...]} per line (default: bundled held-out set)')  # fmt: skip
-    add("--num-requests", type=_int_at_least(1), help="timed requests (cycles the prompts)")
-    add("--concurrency", type=_int_at_least(1), default=1, help="1 = single stream")
-    add("--max-new-tokens", type=_int_at_least(1), default=256,
+    add("--num-requests", type=int_at_least(1), help="timed requests (cycles the prompts)")
+    add("--concurrency", type=int_at_least(1), default=1, help="1 = single stream")
+    add("--max-new-tokens", type=int_at_least(1), default=256,
         help="tokens generated per request (default 256)")  # fmt: skip
     add("--temperature", type=_finite_at_least(0.0), default=0.0,
         help="sampling temperature (default 0: greedy)")  # fmt: skip
     add("--ignore-eos", action="store_true", help="generate exactly --max-new-tokens tokens")
-    add("--warmup", type=_int_at_least(0), default=2, metavar="K", help="untimed, per server")
+    add("--warmup", type=int_at_least(0), default=2, metavar="K", help="untimed, per server")
     add("--no-stream", dest="stream", action="store_false", help="no TTFT/TPOT")
     add("--timeout", type=_finite_at_least(0.0, strict=True), default=600.0,
         help="per-request timeout, seconds")  # fmt: skip
