@@ -201,7 +201,13 @@ def decision(drafter_ms: float | None, idle_ms: float | None) -> dict[str, Any]:
 def verdict(bench: Mapping[str, Any], roles: Mapping[str, str], where: str) -> dict[str, Any]:
     h100(bench, where)
     servers = {s["name"]: s for s in bench.get("servers", [])}
-    absent = [f"{role}={name}" for role, name in roles.items() if name not in servers]
+    # the short form (--settings none; registered by the twenty-ninth session) serves no plain
+    # chain: what reads against it is unread, the rest as registered
+    short_form = roles["plain"] not in servers
+    absent = [
+        f"{role}={name}" for role, name in roles.items()
+        if name not in servers and role != "plain"
+    ]  # fmt: skip
     if absent:
         raise ValueError(
             f"{where}: no server {', '.join(absent)} (served: {sorted(servers)}); the registered "
@@ -209,6 +215,10 @@ def verdict(bench: Mapping[str, Any], roles: Mapping[str, str], where: str) -> d
         )
     ran = ready(servers)
     readings = {name: reading(bench, roles, name, where) for name in REGISTERED}
+    if short_form:
+        for name, (_, field, _, _) in REGISTERED.items():
+            if field == "vs_setting":
+                readings[name] |= {"reading": "unread", "why": "no plain server (--settings none)"}
     readings |= profiled(bench, roles["join"], roles["join"] in ran, where)
     # whether join is for each batch, from join@nospec's interval there (None: no interval)
     join_for_batch = {}
@@ -216,13 +226,14 @@ def verdict(bench: Mapping[str, Any], roles: Mapping[str, str], where: str) -> d
         if role == "join_nospec":
             ci = readings[name]["ci95"]
             join_for_batch[str(batch)] = None if not ci else not ci[1] < 1.0
-    not_run = [role for role, name in roles.items() if name not in ran]
+    not_run = [role for role, name in roles.items() if name not in ran and name in servers]
     return {
         **verdict_head(bench, where, roles),
         "sglang_version": bench.get("sglang_version"),
         "sglang_ext_version": bench.get("sglang_ext_version"),
         "card": CARD,
         **({"not_run": not_run} if not_run else {}),
+        **({"short_form": True} if short_form else {}),
         "readings": readings,
         "join_for_batch": join_for_batch,
         "decision": decision(

@@ -52,14 +52,14 @@ def _round(server, group, batch, rnd, speed):
                 "latency_s": latency, "decode_s": decode}  # fmt: skip
 
 
-def bench(speeds=SPEEDS, gpu=H100, profiled=(0.60, 0.40), down=()):
+def bench(speeds=SPEEDS, gpu=H100, profiled=(0.60, 0.40), down=(), settings=((3, 1, 4),)):
     """The registered run as bench_speed writes it: its servers, three pairs with the baseline,
     three rounds at each batch, a profile of ``join`` 3/1/4. ``down``: servers that did not
-    come up (no measurements, no profile)."""
-    specs = bs.server_specs([(3, 1, 4)], None, [bs.parse_variant(v) for v in VARIANTS])
+    come up (no measurements, no profile); ``settings=()``: the short form, no plain chain."""
+    specs = bs.server_specs(list(settings), None, [bs.parse_variant(v) for v in VARIANTS])
     groups = bs.plan_groups(specs, at_once=2)
-    assert groups == [["nospec", "spec-3-1-4"], ["nospec", "spec-3-1-4-join"],
-                      ["nospec", "nospec-join"]]  # fmt: skip
+    plain = [["nospec", "spec-3-1-4"]] if settings else []
+    assert groups == plain + [["nospec", "spec-3-1-4-join"], ["nospec", "nospec-join"]]
     ms = [
         _round(name, g, b, r, 1.0 if name == "nospec" else speeds[name][b])
         for g, names in enumerate(groups)
@@ -164,6 +164,21 @@ def test_a_join_server_that_did_not_come_up_reads_unread():
     assert r["join_over_plain_b4"]["reading"] == r["join_drafter_kernels_ms"]["reading"] == "unread"
     assert r["join_nospec_over_stock_b4"]["reading"] == "within"
     assert v["decision"]["cut_the_gap"] is None
+
+
+def test_the_short_form_reads_all_but_what_needs_the_plain_chain():
+    """--settings none (the short form registered for a lease that starts late): the plain
+    server is absent, not down; the comparisons with it read unread, the rest as registered."""
+    v = bj.verdict(bench(settings=()), bj.ROLES, "b.json")
+    assert v["short_form"] is True and "not_run" not in v
+    r = v["readings"]
+    plain = {n for n, (_, field, _, _) in bj.REGISTERED.items() if field == "vs_setting"}
+    assert plain == {"join_over_plain_b1", "join_over_plain_b4", "join_over_plain_b16"}
+    assert {r[n]["reading"] for n in plain} == {"unread"}
+    assert {r[n]["reading"] for n in r if n not in plain} == {"within"}
+    assert v["join_for_batch"] == {"1": True, "4": True, "16": True}
+    assert v["decision"]["cut_the_gap"] is True
+    assert "short_form" not in bj.verdict(bench(), bj.ROLES, "b.json")
 
 
 @pytest.mark.parametrize(
