@@ -24,11 +24,27 @@ from types import SimpleNamespace
 
 import pytest
 
+from sglang_ext import compat
 from sglang_ext.metrics import acceptance, acceptance_prometheus, drafter_health
 from sglang_ext.metrics import hook as m
 
 DATA = Path(__file__).parent / "data" / "recorded_requests_synthetic_drafter_health.jsonl"
-SGLANG_0517_SRC = Path(os.environ.get("SGLANG_0517_SRC", "/work/sglang0517"))
+
+
+def _sglang_0517_root() -> Path | None:
+    """Where SGLang 0.5.17's sources are: $SGLANG_0517_SRC, else the installed SGLang where it
+    is 0.5.17 (CI's second venv), else none (the hook-target tests skip)."""
+    if os.environ.get("SGLANG_0517_SRC"):
+        return Path(os.environ["SGLANG_0517_SRC"])
+    if compat.version_tuple(compat.sglang_version()) == (0, 5, 17):
+        import importlib.util
+
+        return Path(importlib.util.find_spec("sglang").origin).parent.parent
+    return None
+
+
+SGLANG_0517_SRC = _sglang_0517_root()
+HAS_0517_SRC = SGLANG_0517_SRC is not None and (SGLANG_0517_SRC / "sglang").is_dir()
 S = 3
 NUM_DRAFT_TOKENS = 4
 
@@ -721,7 +737,7 @@ def _find_class(tree: ast.Module, name: str) -> ast.ClassDef:
     raise AssertionError(f"class {name} not found")
 
 
-@pytest.mark.skipif(not SGLANG_0517_SRC.is_dir(), reason="SGLang 0.5.17 sources not present")
+@pytest.mark.skipif(not HAS_0517_SRC, reason="SGLang 0.5.17 sources not present")
 def test_hook_targets_exist_in_sglang_0517_source():
     for target, _, _ in m.hook_specs():
         module, cls_name, meth = target.rsplit(".", 2)
@@ -763,7 +779,7 @@ READ_FIELDS = (
 )
 
 
-@pytest.mark.skipif(not SGLANG_0517_SRC.is_dir(), reason="SGLang 0.5.17 sources not present")
+@pytest.mark.skipif(not HAS_0517_SRC, reason="SGLang 0.5.17 sources not present")
 def test_batch_output_fields_exist_in_both_versions():
     from sglang.srt.managers import io_struct
 
