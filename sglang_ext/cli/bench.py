@@ -45,7 +45,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from sglang_ext.cli import exit_codes
-from sglang_ext.cli.arg_types import int_at_least
+from sglang_ext.cli.arg_types import int_at_least, positive_int
 from sglang_ext.cli.bench_report import (
     RequestResult,
     _result_json,
@@ -579,9 +579,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--model", default=None, help="model name for --api openai (optional)")
     add("--prompts", metavar="FILE.jsonl", help='JSONL, one {"prompt": ...} or '
         '{"input_ids": [...]} per line (default: bundled held-out set)')  # fmt: skip
-    add("--num-requests", type=int_at_least(1), help="timed requests (cycles the prompts)")
-    add("--concurrency", type=int_at_least(1), default=1, help="1 = single stream")
-    add("--max-new-tokens", type=int_at_least(1), default=256,
+    add("--num-requests", type=positive_int, help="timed requests (cycles the prompts)")
+    add("--concurrency", type=positive_int, default=1, help="1 = single stream")
+    add("--max-new-tokens", type=positive_int, default=256,
         help="tokens generated per request (default 256)")  # fmt: skip
     add("--temperature", type=_finite_at_least(0.0), default=0.0,
         help="sampling temperature (default 0: greedy)")  # fmt: skip
